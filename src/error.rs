@@ -1,0 +1,219 @@
+//! Every error the proxy answers itself, and the one table that turns each into a
+//! status code and an RFC 9457 problem body.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::idempotency::{KeyError, Rejection};
+use crate::store::StoreError;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Base of every problem `type`; the slug is appended. Stable: clients may match on it.
+pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
+
+/// How long a client is asked to wait after `503 store-unavailable`.
+const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why the upstream's outcome is unknown after the request may have reached it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownCause {
+    /// `upstream.timeout` passed: 504.
+    Timeout,
+    /// The connection failed after the request may have been written: 502.
+    Reset,
+    /// The owner of the claim stopped renewing (crashed) before recording: 502.
+    LeaseExpired,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("the route requires the {header} header")]
+    MissingKey { header: HeaderName },
+    #[error("invalid idempotency key: {0}")]
+    InvalidKey(#[source] KeyError),
+    #[error("a request with this key is still being executed")]
+    InFlight { retry_after: Duration },
+    #[error("the response to this key was too large to keep and cannot be replayed")]
+    NotReplayable,
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("the request body could not be read")]
+    BadRequestBody(#[source] hyper::Error),
+    #[error("this key was used for a different request")]
+    KeyReused,
+    #[error("could not connect to the upstream")]
+    UpstreamUnreachable(#[source] BoxError),
+    #[error("the upstream's outcome is unknown ({cause:?})")]
+    OutcomeUnknown {
+        cause: UnknownCause,
+        source: Option<BoxError>,
+    },
+    #[error("the idempotency store is unavailable")]
+    StoreUnavailable(#[source] StoreError),
+}
+
+impl From<Rejection> for ProxyError {
+    fn from(r: Rejection) -> Self {
+        match r {
+            Rejection::KeyReused => ProxyError::KeyReused,
+            Rejection::InFlight { retry_after } => ProxyError::InFlight { retry_after },
+            Rejection::NotReplayable => ProxyError::NotReplayable,
+        }
+    }
+}
+
+/// A problem answer, ready to send or to store as a recorded outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub status: StatusCode,
+    pub slug: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl ProxyError {
+    /// The status table of SPEC §7. Exhaustive on purpose: a new error must be placed.
+    pub fn problem(&self) -> Problem {
+        use ProxyError as E;
+        let (status, slug, title, retry_after) = match self {
+            E::MissingKey { .. } => (
+                StatusCode::BAD_REQUEST,
+                "missing-key",
+                "Idempotency key required",
+                None,
+            ),
+            E::InvalidKey(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-key",
+                "Invalid idempotency key",
+                None,
+            ),
+            E::BadRequestBody(_) => (
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                "Request body could not be read",
+                None,
+            ),
+            E::InFlight { retry_after } => (
+                StatusCode::CONFLICT,
+                "in-flight",
+                "Request still in flight",
+                Some(*retry_after),
+            ),
+            E::NotReplayable => (
+                StatusCode::CONFLICT,
+                "not-replayable",
+                "Response not replayable",
+                None,
+            ),
+            E::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                None,
+            ),
+            E::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency key reused",
+                None,
+            ),
+            E::UpstreamUnreachable(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                "Upstream unreachable",
+                None,
+            ),
+            E::OutcomeUnknown {
+                cause: UnknownCause::Timeout,
+                ..
+            } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "outcome-unknown",
+                "Outcome unknown",
+                None,
+            ),
+            E::OutcomeUnknown {
+                cause: UnknownCause::Reset | UnknownCause::LeaseExpired,
+                ..
+            } => (
+                StatusCode::BAD_GATEWAY,
+                "outcome-unknown",
+                "Outcome unknown",
+                None,
+            ),
+            E::StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                Some(STORE_RETRY_AFTER),
+            ),
+        };
+        Problem {
+            status,
+            slug,
+            title,
+            detail: self.detail(),
+            retry_after,
+        }
+    }
+
+    /// A sentence for the client; never contains the key or credentials.
+    fn detail(&self) -> String {
+        match self {
+            ProxyError::OutcomeUnknown { cause: UnknownCause::Timeout, .. } => {
+                "The upstream did not answer in time after the request was sent; it may or may not have been executed. Retries with this key get this same answer.".to_owned()
+            }
+            ProxyError::OutcomeUnknown { cause: UnknownCause::Reset, .. } => {
+                "The connection to the upstream failed after the request was sent; it may or may not have been executed. Retries with this key get this same answer.".to_owned()
+            }
+            ProxyError::OutcomeUnknown { cause: UnknownCause::LeaseExpired, .. } => {
+                "The proxy handling the first request with this key stopped before recording its outcome; it may or may not have been executed.".to_owned()
+            }
+            other => {
+                let mut s = other.to_string();
+                if let Some(src) = std::error::Error::source(other) {
+                    s.push_str(": ");
+                    s.push_str(&src.to_string());
+                }
+                s.push('.');
+                s
+            }
+        }
+    }
+}
+
+impl Problem {
+    /// The `type` URI: a stable base plus the slug.
+    pub fn type_uri(&self) -> String {
+        format!("{PROBLEM_BASE}{}", self.slug)
+    }
+
+    /// The JSON body of RFC 9457.
+    pub fn body(&self) -> Bytes {
+        let body = serde_json::json!({
+            "type": self.type_uri(),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        Bytes::from(body.to_string())
+    }
+
+    /// Headers of the problem answer, in the order they are sent and stored.
+    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = vec![(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        )];
+        if let Some(after) = self.retry_after {
+            headers.push((RETRY_AFTER, HeaderValue::from(after.as_secs().max(1))));
+        }
+        headers
+    }
+}

@@ -1,0 +1,192 @@
+//! The state machine of SPEC §4 for a claim that found an existing record.
+//!
+//! ```text
+//! COMPLETED, same fingerprint            -> Replay (or NotReplayable if the body was too large)
+//! COMPLETED or IN_FLIGHT, other fp        -> KeyReused
+//! IN_FLIGHT, same fp, lease live          -> InFlight (reject) | Wait
+//! IN_FLIGHT, same fp, lease ended         -> TakeOver: RecordUnknown (record) | Forward (release)
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Completed, Fingerprint, OwnerToken, Record, StoredBody};
+use crate::config::{OnConcurrent, OnUnknownOutcome};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Send the stored response again, marked `Idempotent-Replayed: true`.
+    Replay(Arc<Completed>),
+    /// Answer with a problem; the store is left unchanged.
+    Reject(Rejection),
+    /// `on_concurrent: wait`: block until the owner completes or releases.
+    Wait,
+    /// The owner's lease ended without an outcome: replace its marker (compare-and-set on
+    /// `stale`) and then do `then`.
+    TakeOver {
+        stale: OwnerToken,
+        then: AfterTakeOver,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterTakeOver {
+    /// `on_unknown_outcome: record`: store `outcome-unknown` as the key's outcome.
+    RecordUnknown,
+    /// `on_unknown_outcome: release`: this request executes.
+    Forward,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    KeyReused,
+    InFlight { retry_after: Duration },
+    NotReplayable,
+}
+
+/// Decides what a request with `fingerprint` does about `existing`, at `now_ms` on the
+/// store's clock.
+pub fn decide(
+    existing: &Record,
+    fingerprint: &Fingerprint,
+    now_ms: u64,
+    on_concurrent: OnConcurrent,
+    on_unknown: OnUnknownOutcome,
+) -> Decision {
+    match existing {
+        Record::Completed(c) if c.fingerprint != *fingerprint => {
+            Decision::Reject(Rejection::KeyReused)
+        }
+        Record::Completed(c) => match c.body {
+            StoredBody::Stored(_) => Decision::Replay(Arc::clone(c)),
+            StoredBody::TooLarge => Decision::Reject(Rejection::NotReplayable),
+        },
+        Record::InFlight(m) if m.fingerprint != *fingerprint => {
+            Decision::Reject(Rejection::KeyReused)
+        }
+        Record::InFlight(m) if now_ms >= m.lease_deadline_ms => Decision::TakeOver {
+            stale: m.token,
+            then: match on_unknown {
+                OnUnknownOutcome::Record => AfterTakeOver::RecordUnknown,
+                OnUnknownOutcome::Release => AfterTakeOver::Forward,
+            },
+        },
+        Record::InFlight(m) => match on_concurrent {
+            OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
+                retry_after: retry_after(m.lease_deadline_ms - now_ms),
+            }),
+            OnConcurrent::Wait => Decision::Wait,
+        },
+    }
+}
+
+/// A live owner usually finishes well before its lease ends (it renews while working),
+/// so clients are asked to come back soon rather than at the lease deadline.
+fn retry_after(lease_left_ms: u64) -> Duration {
+    Duration::from_millis(lease_left_ms.clamp(1, 1000)).max(Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::InFlight;
+    use bytes::Bytes;
+    use http::StatusCode;
+
+    const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
+    const OTHER: Fingerprint = Fingerprint::from_bytes([2; 32]);
+
+    fn completed(body: StoredBody) -> Record {
+        Record::Completed(Arc::new(Completed {
+            fingerprint: FP,
+            status: StatusCode::OK,
+            headers: vec![],
+            body,
+        }))
+    }
+
+    fn marker(deadline: u64) -> Record {
+        Record::InFlight(InFlight {
+            fingerprint: FP,
+            token: OwnerToken::from_bytes([5; 16]),
+            lease_deadline_ms: deadline,
+        })
+    }
+
+    fn d(
+        rec: &Record,
+        fp: &Fingerprint,
+        now: u64,
+        c: OnConcurrent,
+        u: OnUnknownOutcome,
+    ) -> Decision {
+        decide(rec, fp, now, c, u)
+    }
+
+    use OnConcurrent::{Reject as R, Wait as W};
+    use OnUnknownOutcome::{Record as Rec, Release as Rel};
+
+    #[test]
+    fn completed_same_fingerprint_replays() {
+        let rec = completed(StoredBody::Stored(Bytes::from_static(b"x")));
+        assert!(
+            matches!(d(&rec, &FP, 0, R, Rec), Decision::Replay(c) if c.body == StoredBody::Stored(Bytes::from_static(b"x")))
+        );
+    }
+
+    #[test]
+    fn completed_too_large_is_not_replayable() {
+        assert_eq!(
+            d(&completed(StoredBody::TooLarge), &FP, 0, W, Rel),
+            Decision::Reject(Rejection::NotReplayable)
+        );
+    }
+
+    #[test]
+    fn other_fingerprint_is_key_reused_in_every_state() {
+        for rec in [completed(StoredBody::TooLarge), marker(10), marker(0)] {
+            for (c, u) in [(R, Rec), (W, Rel)] {
+                assert_eq!(
+                    d(&rec, &OTHER, 5, c, u),
+                    Decision::Reject(Rejection::KeyReused)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn live_marker_rejects_or_waits() {
+        assert_eq!(
+            d(&marker(10_000), &FP, 1_000, R, Rec),
+            Decision::Reject(Rejection::InFlight {
+                retry_after: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            d(&marker(10_000), &FP, 9_999, R, Rel),
+            Decision::Reject(Rejection::InFlight {
+                retry_after: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(d(&marker(10_000), &FP, 1_000, W, Rec), Decision::Wait);
+    }
+
+    #[test]
+    fn expired_marker_follows_on_unknown_outcome() {
+        let stale = OwnerToken::from_bytes([5; 16]);
+        assert_eq!(
+            d(&marker(10_000), &FP, 10_000, R, Rec),
+            Decision::TakeOver {
+                stale,
+                then: AfterTakeOver::RecordUnknown
+            }
+        );
+        assert_eq!(
+            d(&marker(10_000), &FP, 20_000, W, Rel),
+            Decision::TakeOver {
+                stale,
+                then: AfterTakeOver::Forward
+            }
+        );
+    }
+}

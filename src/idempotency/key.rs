@@ -1,0 +1,307 @@
+//! The `Idempotency-Key` header: parsing, validation and the scoped storage key.
+
+use http::HeaderMap;
+use http::header::HeaderName;
+use sha2::{Digest, Sha256};
+
+/// Longest key accepted, in characters (SPEC §2).
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key: 1 to 255 visible ASCII characters, no comma.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key as the client meant it (structured-field quoting resolved).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The key is never printed: logs must not carry raw keys (SPEC §3).
+impl std::fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdempotencyKey(..)")
+    }
+}
+
+/// Why a key header was refused; every variant becomes `400 invalid-key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the key is empty")]
+    Empty,
+    #[error("the key is longer than {MAX_KEY_LEN} characters")]
+    TooLong,
+    #[error("the key may only hold visible ASCII characters other than ','")]
+    BadCharacter,
+    #[error("the key header is given more than once")]
+    Repeated,
+    #[error("the quoted key is not a valid structured-field string")]
+    BadString,
+}
+
+/// Reads the key from `headers`. `Ok(None)` when the header is absent.
+pub fn parse_key(
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<IdempotencyKey>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    parse_value(value.as_bytes()).map(Some)
+}
+
+/// Parses one header value: a structured-field string when it starts with `"`, the bare
+/// token otherwise. Both spellings of the same key name the same record.
+pub fn parse_value(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
+    let key = match raw.first() {
+        Some(b'"') => unquote(&raw[1..])?,
+        _ => raw.to_vec(),
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong);
+    }
+    if !key.iter().all(|&b| (0x21..=0x7e).contains(&b) && b != b',') {
+        return Err(KeyError::BadCharacter);
+    }
+    // Every byte was checked to be ASCII above.
+    let key = String::from_utf8(key).map_err(|_| KeyError::BadCharacter)?;
+    Ok(IdempotencyKey(key))
+}
+
+/// Resolves an RFC 8941 sf-string body (after the opening quote). Only `\"` and `\\`
+/// are escapes; the closing quote must end the value.
+fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut bytes = rest.iter().copied();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(e @ (b'"' | b'\\')) => out.push(e),
+                _ => return Err(KeyError::BadString),
+            },
+            b'"' => {
+                return if bytes.next().is_none() {
+                    Ok(out)
+                } else {
+                    Err(KeyError::BadString)
+                };
+            }
+            _ => out.push(b),
+        }
+    }
+    Err(KeyError::BadString)
+}
+
+/// The address of a record: sha256 over the scope values and the key. Stores put their
+/// `key_prefix` in front of its hex form; raw keys and credentials never reach a store.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopedKey([u8; 32]);
+
+impl ScopedKey {
+    /// Computes the key from the configured scope headers of a request. Each header
+    /// contributes a count of values and each value with its length, so that no two
+    /// different inputs (`a:b`+`c` versus `a`+`b:c`, absent versus empty) hash alike.
+    pub fn new(headers: &HeaderMap, scope_headers: &[HeaderName], key: &IdempotencyKey) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-scope-v1");
+        for name in scope_headers {
+            hash_header(&mut hash, headers, name);
+        }
+        hash_field(&mut hash, key.0.as_bytes());
+        Self(hash.finalize().into())
+    }
+
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Lower-case hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl std::fmt::Debug for ScopedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScopedKey({})", &self.to_hex()[..12])
+    }
+}
+
+/// Length-prefixed field, so concatenations cannot collide.
+pub(crate) fn hash_field(hash: &mut Sha256, bytes: &[u8]) {
+    hash.update((bytes.len() as u64).to_be_bytes());
+    hash.update(bytes);
+}
+
+/// All values of one header, counted, in order.
+pub(crate) fn hash_header(hash: &mut Sha256, headers: &HeaderMap, name: &HeaderName) {
+    let values = headers.get_all(name);
+    hash.update((values.iter().count() as u64).to_be_bytes());
+    for value in values {
+        hash_field(hash, value.as_bytes());
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn key(s: &str) -> IdempotencyKey {
+        parse_value(s.as_bytes()).expect("valid key")
+    }
+
+    #[test]
+    fn bare_and_quoted_name_the_same_key() {
+        assert_eq!(key("7c9e-1"), key("\"7c9e-1\""));
+        assert_eq!(key(r#""a\"b\\c""#).as_str(), r#"a"b\c"#);
+    }
+
+    #[test]
+    fn length_bounds() {
+        assert_eq!(parse_value(b""), Err(KeyError::Empty));
+        assert_eq!(parse_value(b"\"\""), Err(KeyError::Empty));
+        assert!(parse_value("a".repeat(255).as_bytes()).is_ok());
+        assert_eq!(
+            parse_value("a".repeat(256).as_bytes()),
+            Err(KeyError::TooLong)
+        );
+        let quoted = format!("\"{}\"", "b".repeat(255));
+        assert!(parse_value(quoted.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn bad_characters() {
+        for bad in [&b"a b"[..], b"a,b", b"caf\xc3\xa9", b"tab\there", b"\x7f"] {
+            assert_eq!(parse_value(bad), Err(KeyError::BadCharacter), "{bad:?}");
+        }
+        assert_eq!(parse_value(b"\"a b\""), Err(KeyError::BadCharacter));
+    }
+
+    #[test]
+    fn bad_strings() {
+        for bad in [
+            &b"\"abc"[..],
+            b"\"a\\nb\"",
+            b"\"ab\"cd",
+            b"\"ab\\\"",
+            b"\"",
+            b"\"a\"\"",
+        ] {
+            assert_eq!(
+                parse_value(bad),
+                Err(KeyError::BadString),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn a_bare_value_with_a_late_quote_is_taken_as_is() {
+        assert_eq!(key("ab\"c").as_str(), "ab\"c");
+    }
+
+    #[test]
+    fn header_absent_single_and_repeated() {
+        let name = HeaderName::from_static("idempotency-key");
+        let mut headers = HeaderMap::new();
+        assert_eq!(parse_key(&headers, &name), Ok(None));
+        headers.insert(&name, HeaderValue::from_static("k1"));
+        assert_eq!(parse_key(&headers, &name), Ok(Some(key("k1"))));
+        headers.append(&name, HeaderValue::from_static("k1"));
+        assert_eq!(parse_key(&headers, &name), Err(KeyError::Repeated));
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        assert!(!format!("{:?}", key("secret-key")).contains("secret"));
+    }
+
+    fn scoped(pairs: &[(&str, &str)], k: &str) -> ScopedKey {
+        let mut headers = HeaderMap::new();
+        for (n, v) in pairs {
+            headers.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        let scope = [
+            HeaderName::from_static("authorization"),
+            HeaderName::from_static("x-tenant"),
+        ];
+        ScopedKey::new(&headers, &scope, &key(k))
+    }
+
+    #[test]
+    fn scope_separates_credentials() {
+        assert_ne!(
+            scoped(&[("authorization", "Bearer a")], "k"),
+            scoped(&[("authorization", "Bearer b")], "k")
+        );
+        assert_eq!(
+            scoped(&[("authorization", "Bearer a")], "k"),
+            scoped(&[("authorization", "Bearer a")], "k")
+        );
+        assert_ne!(scoped(&[], "k"), scoped(&[("authorization", "")], "k"));
+        assert_eq!(scoped(&[("x-other", "1")], "k"), scoped(&[], "k"));
+    }
+
+    #[test]
+    fn scope_values_cannot_shift_into_each_other() {
+        let a = scoped(&[("authorization", "a:b"), ("x-tenant", "c")], "k");
+        let b = scoped(&[("authorization", "a"), ("x-tenant", "b:c")], "k");
+        assert_ne!(a, b);
+        let c = scoped(&[("x-tenant", "k")], "xy");
+        let d = scoped(&[("x-tenant", "kx")], "y");
+        assert_ne!(c, d);
+    }
+
+    #[test]
+    fn hex_is_64_lowercase_chars() {
+        let h = scoped(&[], "k").to_hex();
+        assert_eq!(h.len(), 64);
+        assert!(
+            h.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn parsing_never_panics(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = parse_value(&raw);
+        }
+
+        #[test]
+        fn every_valid_token_round_trips_through_quoting(k in "[!#-+--~]{1,255}") {
+            let bare = key(&k);
+            let quoted = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
+            prop_assert_eq!(parse_value(quoted.as_bytes()), Ok(bare.clone()));
+            prop_assert_eq!(bare.as_str(), k.as_str());
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The idempotency engine, free of I/O: it parses keys, computes fingerprints, encodes
+//! records and decides what to do with an existing record. Everything here is
+//! deterministic given its inputs (time is passed in), so it is tested without sockets.
+
+pub mod decide;
+pub mod fingerprint;
+pub mod key;
+pub mod record;
+
+pub use decide::{AfterTakeOver, Decision, Rejection, decide};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError, ScopedKey};
+pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody};

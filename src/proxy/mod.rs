@@ -1,0 +1,153 @@
+//! The HTTP side: accept loop, graceful shutdown, and the shared state of a running
+//! proxy. `main` and the tests both call [`serve`] with a bound listener.
+
+pub mod body;
+mod exchange;
+pub mod handler;
+pub mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, Policy};
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
+pub use body::ProxyBody;
+pub use upstream::UpstreamClient;
+
+/// Which policy a request runs under: a route's, or the top-level `idempotency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyId(Option<usize>);
+
+/// Everything a request needs, shared by all connections.
+#[derive(Debug)]
+pub struct AppState<S> {
+    pub config: Arc<Config>,
+    pub store: S,
+    pub client: UpstreamClient,
+    pub metrics: Metrics,
+    /// Forward-and-record tasks, which outlive a disconnected client; shutdown waits for them.
+    tasks: TaskTracker,
+}
+
+impl<S: Store> AppState<S> {
+    pub fn new(config: Arc<Config>, store: S) -> Self {
+        let client = upstream::client(&config.upstream);
+        Self {
+            config,
+            store,
+            client,
+            metrics: Metrics::default(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    pub fn policy_id(&self, path: &str) -> PolicyId {
+        PolicyId(self.config.route_index(path))
+    }
+
+    pub fn policy(&self, id: PolicyId) -> &Policy {
+        match id.0.and_then(|i| self.config.routes.get(i)) {
+            Some(route) => &route.policy,
+            None => &self.config.idempotency,
+        }
+    }
+
+    /// Runs one store operation under `store.timeout`.
+    async fn store_call<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = self.config.store.timeout;
+        tokio::time::timeout(limit, op)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(limit)))
+    }
+}
+
+/// How serving ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Every in-flight request finished and was recorded.
+    Drained,
+    /// `shutdown_timeout` passed first; abandoned markers follow the lease rules.
+    TimedOut,
+}
+
+/// Serves until `shutdown` resolves, then stops accepting at once and lets in-flight
+/// requests (and their recordings) finish for up to `shutdown_timeout`.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    state: Arc<AppState<S>>,
+    shutdown: impl Future<Output = ()>,
+) -> Shutdown {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %err, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let svc = service_fn(move |req| {
+            let state = Arc::clone(&state);
+            async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req, peer).await) }
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(err) = conn.await {
+                tracing::debug!(error = %err, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: listener closed, finishing in-flight requests");
+    let limit = state.config.shutdown_timeout;
+    state.tasks.close();
+    let drained = async {
+        graceful.shutdown().await;
+        state.tasks.wait().await;
+    };
+    match tokio::time::timeout(limit, drained).await {
+        Ok(()) => Shutdown::Drained,
+        Err(_) => {
+            tracing::warn!(
+                ?limit,
+                "shutdown_timeout passed with requests still in flight"
+            );
+            Shutdown::TimedOut
+        }
+    }
+}
+
+/// Binds the proxy's listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}

@@ -1,0 +1,230 @@
+//! The pooled client to the upstream and the header rewriting of RFC 9110 §7.6.1.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Request, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::body::ProxyBody;
+use crate::config::UpstreamConfig;
+
+pub type UpstreamClient = Client<HttpConnector, ProxyBody>;
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1, plus the
+/// proxy authentication pair, which is meant for a proxy and not the origin).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// A pooled HTTP/1.1 client. hyper retries a request only when the pooled connection
+/// closed before any byte of it was written (`retry_canceled_requests`), which can never
+/// execute it twice; every other failure is reported to us.
+pub fn client(config: &UpstreamConfig) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(config.connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .retry_canceled_requests(true)
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .build(connector)
+}
+
+/// Is this header one that must not cross the proxy, either way?
+pub fn is_hop_by_hop(name: &HeaderName, connection_named: &[HeaderName]) -> bool {
+    HOP_BY_HOP.contains(name) || connection_named.contains(name)
+}
+
+/// Headers named in `Connection` are hop-by-hop too.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Removes hop-by-hop headers in place.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named = connection_named(headers);
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// Builds the request to the upstream: same method, path and query on the upstream's
+/// authority, hop-by-hop headers dropped, `X-Forwarded-*` added. The `Host` the client
+/// sent is kept, as a transparent sidecar would.
+pub fn upstream_request(
+    upstream: &Uri,
+    mut parts: Parts,
+    client: SocketAddr,
+    body: ProxyBody,
+) -> Request<ProxyBody> {
+    let mut target = upstream.clone().into_parts();
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let base = upstream.path().trim_end_matches('/');
+    target.path_and_query = if base.is_empty() {
+        parts.uri.path_and_query().cloned()
+    } else {
+        format!("{base}{pq}").parse().ok()
+    };
+    if target.path_and_query.is_none() {
+        target.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    }
+    if !parts.headers.contains_key(header::HOST) {
+        if let Some(authority) = parts.uri.authority() {
+            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(header::HOST, host);
+            }
+        }
+    }
+    // Only the path and query changed, which were valid in the request; the scheme and
+    // authority come from the validated upstream URL.
+    parts.uri = Uri::from_parts(target).unwrap_or_else(|_| upstream.clone());
+    parts.version = http::Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    add_forwarded(&mut parts.headers, client);
+    Request::from_parts(parts, body)
+}
+
+/// `X-Forwarded-For` is appended to (several header lines are folded into one list),
+/// `X-Forwarded-Proto` is set.
+fn add_forwarded(headers: &mut HeaderMap, client: SocketAddr) {
+    let ip = client.ip().to_string();
+    let mut prior: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .collect();
+    prior.push(&ip);
+    let value = prior.join(", ");
+    // Built from visible ASCII values and an IP address.
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.insert(&X_FORWARDED_FOR, value);
+    }
+    headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Request::builder().method("POST").uri(uri);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn keeps_path_and_query_and_rewrites_authority() {
+        let up: Uri = "http://127.0.0.1:9000".parse().expect("uri");
+        let req = upstream_request(
+            &up,
+            parts("/charges/1?x=%20y", &[]),
+            "10.0.0.1:5".parse().expect("addr"),
+            ProxyBody::empty(),
+        );
+        assert_eq!(
+            req.uri().to_string(),
+            "http://127.0.0.1:9000/charges/1?x=%20y"
+        );
+        let base: Uri = "http://127.0.0.1:9000/api/".parse().expect("uri");
+        let req = upstream_request(
+            &base,
+            parts("/charges?a", &[]),
+            "10.0.0.1:5".parse().expect("addr"),
+            ProxyBody::empty(),
+        );
+        assert_eq!(req.uri().to_string(), "http://127.0.0.1:9000/api/charges?a");
+    }
+
+    #[test]
+    fn drops_hop_by_hop_and_connection_named_headers() {
+        let up: Uri = "http://127.0.0.1:9000".parse().expect("uri");
+        let p = parts(
+            "/",
+            &[
+                ("connection", "keep-alive, x-secret-hop"),
+                ("x-secret-hop", "1"),
+                ("keep-alive", "timeout=5"),
+                ("te", "trailers"),
+                ("upgrade", "websocket"),
+                ("proxy-authorization", "Basic x"),
+                ("idempotency-key", "k1"),
+                ("authorization", "Bearer t"),
+            ],
+        );
+        let req = upstream_request(
+            &up,
+            p,
+            "127.0.0.1:5".parse().expect("addr"),
+            ProxyBody::empty(),
+        );
+        let h = req.headers();
+        for gone in [
+            "connection",
+            "x-secret-hop",
+            "keep-alive",
+            "te",
+            "upgrade",
+            "proxy-authorization",
+        ] {
+            assert!(!h.contains_key(gone), "{gone} must be dropped");
+        }
+        assert_eq!(h["idempotency-key"], "k1");
+        assert_eq!(h["authorization"], "Bearer t");
+    }
+
+    #[test]
+    fn appends_x_forwarded_for() {
+        let up: Uri = "http://127.0.0.1:9000".parse().expect("uri");
+        let p = parts(
+            "/",
+            &[
+                ("x-forwarded-for", "1.1.1.1"),
+                ("x-forwarded-for", "2.2.2.2, 3.3.3.3"),
+                ("x-forwarded-proto", "https"),
+            ],
+        );
+        let req = upstream_request(
+            &up,
+            p,
+            "127.0.0.9:5".parse().expect("addr"),
+            ProxyBody::empty(),
+        );
+        assert_eq!(
+            req.headers()["x-forwarded-for"],
+            "1.1.1.1, 2.2.2.2, 3.3.3.3, 127.0.0.9"
+        );
+        assert_eq!(req.headers()["x-forwarded-proto"], "http");
+        let req = upstream_request(
+            &up,
+            parts("/", &[]),
+            "127.0.0.9:5".parse().expect("addr"),
+            ProxyBody::empty(),
+        );
+        assert_eq!(req.headers()["x-forwarded-for"], "127.0.0.9");
+    }
+}

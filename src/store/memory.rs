@@ -1,0 +1,253 @@
+//! The embedded store: one process, no Redis. Bounded by `max_entries`; completed
+//! records expire after their ttl and are evicted oldest first when full; in-flight
+//! markers are never evicted (evicting one would let a duplicate execute).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
+
+/// The store's notion of "now", injectable so tests control time.
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// Wall-clock time advanced by tokio's clock, so `tokio::time::pause()` and `advance()`
+/// drive expiry in tests.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    base: tokio::time::Instant,
+    base_unix_ms: u64,
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        let base_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, millis);
+        Self {
+            base: tokio::time::Instant::now(),
+            base_unix_ms,
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_ms(&self) -> u64 {
+        self.base_unix_ms + millis(self.base.elapsed())
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug)]
+struct Slot {
+    record: Record,
+    expires_ms: u64,
+    /// Position in the completion order; only completed records have one.
+    seq: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<ScopedKey, Slot>,
+    /// Completed records by completion order: the eviction queue.
+    order: BTreeMap<u64, ScopedKey>,
+    next_seq: u64,
+}
+
+impl Inner {
+    fn remove(&mut self, key: &ScopedKey) {
+        if let Some(Slot { seq: Some(seq), .. }) = self.map.remove(key) {
+            self.order.remove(&seq);
+        }
+    }
+
+    /// The live marker under `key`, if it holds `token`.
+    fn owned(&mut self, key: &ScopedKey, token: OwnerToken, now: u64) -> Option<&mut Slot> {
+        let slot = self.map.get_mut(key)?;
+        let mine = matches!(&slot.record, Record::InFlight(m) if m.token == token)
+            && slot.expires_ms > now;
+        mine.then_some(slot)
+    }
+
+    /// Makes room for one more entry: evicts completed records oldest first, then drops
+    /// markers whose ttl has passed. Returns how many live records were evicted.
+    fn make_room(&mut self, max_entries: usize, now: u64) -> Result<u64, StoreError> {
+        let mut evicted = 0;
+        while self.map.len() >= max_entries {
+            if let Some((_, key)) = self.order.pop_first() {
+                if let Some(slot) = self.map.remove(&key) {
+                    evicted += u64::from(slot.expires_ms > now);
+                }
+                continue;
+            }
+            let before = self.map.len();
+            self.map.retain(|_, slot| slot.expires_ms > now);
+            if self.map.len() == before {
+                return Err(StoreError::Full);
+            }
+        }
+        Ok(evicted)
+    }
+}
+
+/// The in-process store.
+#[derive(Debug)]
+pub struct MemoryStore<C: Clock = TokioClock> {
+    inner: Mutex<Inner>,
+    max_entries: usize,
+    clock: C,
+    evictions: AtomicU64,
+}
+
+impl MemoryStore<TokioClock> {
+    pub fn new(max_entries: usize) -> Self {
+        Self::with_clock(max_entries, TokioClock::default())
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    pub fn with_clock(max_entries: usize, clock: C) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            max_entries: max_entries.max(1),
+            clock,
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Live records evicted early because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Entries held, expired ones not yet dropped included.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-written entry: every
+        // mutation is a single insert or remove.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn marker(req: &ClaimRequest, now: u64) -> Slot {
+        Slot {
+            record: Record::InFlight(InFlight {
+                fingerprint: req.fingerprint,
+                token: req.token,
+                lease_deadline_ms: now + millis(req.lease),
+            }),
+            expires_ms: now + millis(req.ttl.max(req.lease)),
+            seq: None,
+        }
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        match inner.map.get(&req.key) {
+            Some(slot) if slot.expires_ms > now => {
+                return Ok(Claim::Existing {
+                    record: slot.record.clone(),
+                    now_ms: now,
+                });
+            }
+            Some(_) => inner.remove(&req.key),
+            None => {}
+        }
+        let evicted = inner.make_room(self.max_entries, now)?;
+        self.evictions.fetch_add(evicted, Ordering::Relaxed);
+        inner.map.insert(req.key, Self::marker(&req, now));
+        Ok(Claim::Acquired(Lease {
+            key: req.key,
+            token: req.token,
+        }))
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        record: Arc<Completed>,
+        ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let now = self.clock.now_ms();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let seq = inner.next_seq;
+        let Some(slot) = inner.owned(&lease.key, lease.token, now) else {
+            return Ok(Fenced::LeaseLost);
+        };
+        *slot = Slot {
+            record: Record::Completed(record),
+            expires_ms: now + millis(ttl),
+            seq: Some(seq),
+        };
+        inner.next_seq += 1;
+        inner.order.insert(seq, lease.key);
+        Ok(Fenced::Done)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        if inner.owned(&lease.key, lease.token, now).is_none() {
+            return Ok(Fenced::LeaseLost);
+        }
+        inner.remove(&lease.key);
+        Ok(Fenced::Done)
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let Some(slot) = inner.owned(&lease.key, lease.token, now) else {
+            return Ok(Fenced::LeaseLost);
+        };
+        let deadline = now + millis(lease_for);
+        if let Record::InFlight(m) = &mut slot.record {
+            m.lease_deadline_ms = deadline;
+        }
+        slot.expires_ms = slot.expires_ms.max(deadline);
+        Ok(Fenced::Done)
+    }
+
+    async fn take_over(
+        &self,
+        stale: OwnerToken,
+        req: ClaimRequest,
+    ) -> Result<Option<Lease>, StoreError> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        // The lease must still be over: a late renewal by a live owner wins.
+        let Some(slot) = inner.owned(&req.key, stale, now) else {
+            return Ok(None);
+        };
+        if matches!(&slot.record, Record::InFlight(m) if m.lease_deadline_ms > now) {
+            return Ok(None);
+        }
+        *slot = Self::marker(&req, now);
+        Ok(Some(Lease {
+            key: req.key,
+            token: req.token,
+        }))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

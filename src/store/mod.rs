@@ -1,0 +1,103 @@
+//! Where records live. The [`Store`] trait is the contract every backend fulfils; the
+//! proxy only ever talks to it. The contract is checked by one test suite run against
+//! every implementation (`tests/store_contract.rs`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey};
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// What a claim attempt is for.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest {
+    pub key: ScopedKey,
+    pub fingerprint: Fingerprint,
+    /// The caller makes the token, so tests can choose it.
+    pub token: OwnerToken,
+    /// How long the marker protects the claim without a renewal.
+    pub lease: Duration,
+    /// How long the record (marker, then completed response) is kept.
+    pub ttl: Duration,
+}
+
+/// The result of a claim attempt: either this caller now owns the key, or someone else's
+/// record is there (returned in the same round trip, so a replay costs one call).
+#[derive(Debug)]
+pub enum Claim {
+    Acquired(Lease),
+    Existing {
+        record: Record,
+        /// The store's clock when it read `record`, for judging the lease.
+        now_ms: u64,
+    },
+}
+
+/// Proof of ownership of a key. Not `Clone`: one claim, one owner.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub key: ScopedKey,
+    pub token: OwnerToken,
+}
+
+/// Whether an owner-checked operation found the caller still owning the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Fenced {
+    Done,
+    /// The marker was gone or held another token: nothing was changed.
+    LeaseLost,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the store did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the store is full of in-flight markers")]
+    Full,
+    #[error("the store is unreachable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("the store returned a record that cannot be decoded")]
+    Corrupt(#[source] crate::idempotency::record::DecodeError),
+}
+
+/// The operations the engine needs from a store. Every mutation after a claim is
+/// owner-checked against the lease's token.
+pub trait Store: Send + Sync + 'static {
+    /// Atomically: if nothing is stored under the key, write an in-flight marker and
+    /// return `Acquired`; otherwise return what is there.
+    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Replace the caller's marker with the completed response, kept for `ttl`.
+    fn complete(
+        &self,
+        lease: &Lease,
+        record: Arc<Completed>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Delete the caller's marker so that a retry executes.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Push the caller's lease deadline to `now + lease`.
+    fn renew(
+        &self,
+        lease: &Lease,
+        lease_for: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Replace a marker whose lease ended (still holding `stale`) with a fresh marker
+    /// for `req`. `None` when someone else changed the key first.
+    fn take_over(
+        &self,
+        stale: OwnerToken,
+        req: ClaimRequest,
+    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
+
+    /// Cheap liveness check for `/readyz`.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
