@@ -82,11 +82,27 @@ pub struct Metrics {
     in_flight: AtomicI64,
     /// Recordings that failed and were retried in the background.
     record_retries: AtomicU64,
+    /// Woken on every count, so a test or a reader can wait for a condition.
+    changed: tokio::sync::Notify,
 }
 
 impl Metrics {
     pub fn count(&self, outcome: Outcome) {
         self.requests[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    /// Resolves once `cond` holds; re-checked after every count.
+    pub async fn wait_until(&self, cond: impl Fn(&Metrics) -> bool) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if cond(self) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub fn requests(&self, outcome: Outcome) -> u64 {

@@ -32,8 +32,10 @@ pub(super) async fn execute<S: Store>(
     let task_state = Arc::clone(state);
     state.tasks.spawn(async move {
         let _in_flight = task_state.metrics.track_in_flight();
-        let reply = run(&task_state, id, lease, req).await;
-        // The client may be gone; the outcome is recorded either way.
+        let mut reply = run(&task_state, id, lease, req).await;
+        // Counted here: the client may be gone, the outcome is recorded either way.
+        task_state.metrics.count(reply.outcome);
+        reply.counted = true;
         let _ = tx.send(reply);
     });
     match rx.await {
@@ -322,7 +324,7 @@ impl<S: Store> Keeper<S> {
             Ok(Fenced::Done) => {}
             Ok(Fenced::LeaseLost) => tracing::warn!("claim already lost when releasing it"),
             Err(err) => {
-                tracing::warn!(error = %err, "releasing a claim failed; it ends with its lease")
+                tracing::warn!(error = %err, "releasing a claim failed; it ends with its lease");
             }
         }
     }

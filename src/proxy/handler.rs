@@ -30,11 +30,17 @@ pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("ide
 pub(crate) struct Reply {
     pub(crate) outcome: Outcome,
     pub(crate) response: Response<ProxyBody>,
+    /// Already counted by the task that produced it (which outlives the client).
+    pub(crate) counted: bool,
 }
 
 impl Reply {
     pub(crate) fn new(outcome: Outcome, response: Response<ProxyBody>) -> Self {
-        Self { outcome, response }
+        Self {
+            outcome,
+            response,
+            counted: false,
+        }
     }
 }
 
@@ -60,7 +66,9 @@ pub async fn handle<S: Store>(
             Reply::new(outcome, problem_response(&err.problem(), false))
         }
     };
-    state.metrics.count(reply.outcome);
+    if !reply.counted {
+        state.metrics.count(reply.outcome);
+    }
     tracing::debug!(
         target: "idemgate::access",
         %method,

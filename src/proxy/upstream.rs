@@ -89,12 +89,11 @@ pub fn upstream_request(
     if target.path_and_query.is_none() {
         target.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
     }
-    if !parts.headers.contains_key(header::HOST) {
-        if let Some(authority) = parts.uri.authority() {
-            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                parts.headers.insert(header::HOST, host);
-            }
-        }
+    if !parts.headers.contains_key(header::HOST)
+        && let Some(authority) = parts.uri.authority()
+        && let Ok(host) = HeaderValue::from_str(authority.as_str())
+    {
+        parts.headers.insert(header::HOST, host);
     }
     // Only the path and query changed, which were valid in the request; the scheme and
     // authority come from the validated upstream URL.

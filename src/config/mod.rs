@@ -1,0 +1,305 @@
+//! Typed, validated configuration.
+//!
+//! Loading runs in four steps, each in its own file, so that every error can name the
+//! field it is about:
+//!
+//! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
+//! 2. [`interp`] replaces `${VAR}` in every string scalar (not in comments, which the
+//!    YAML parser has already dropped);
+//! 3. [`raw`] deserializes the value into structs that deny unknown keys, using
+//!    [`values`] to parse units, enums and addresses, with `serde_path_to_error`
+//!    recording where each one was;
+//! 4. [`validate`] applies defaults and the checks that span several keys.
+//!
+//! [`render`] goes the other way for `--check`.
+
+mod interp;
+mod raw;
+mod render;
+mod units;
+mod validate;
+mod values;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstream: UpstreamConfig,
+    pub store: StoreConfig,
+    /// The top-level `idempotency` section, as the default policy.
+    pub idempotency: Policy,
+    /// Routes in file order; each carries its fully merged effective policy.
+    pub routes: Vec<Route>,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+    pub shutdown_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    /// http:// only; scheme + authority (+ optional base path, which is prefixed to request paths).
+    ///
+    /// The authority is kept as written: no port means 80 (`port_u16()` is `None`).
+    /// A trailing `/` of the base path is removed, so the path is `/` or `/base`.
+    pub url: Uri,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnavailable {
+    Reject,
+    PassThrough,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    /// Interpolated (`${VAR}`) URLs. `url` and `urls` merged: `urls` non-empty wins; default `redis://127.0.0.1:6379/0`.
+    ///
+    /// With `cluster` and no URL given the default seed is `redis://127.0.0.1:6379`,
+    /// because cluster URLs carry no database number. They may hold passwords: log
+    /// [`StoreConfig::redacted_urls`] instead.
+    pub urls: Vec<String>,
+    pub cluster: bool, // true when `cluster: true` or more than one URL
+    pub key_prefix: String,
+    pub timeout: Duration,
+    pub on_unavailable: OnUnavailable,
+    pub max_entries: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConcurrent {
+    Reject,
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknownOutcome {
+    Record,
+    Release,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// false only for routes with `enabled: false`.
+    pub enabled: bool,
+    pub header: HeaderName,   // lower-cased by HeaderName
+    pub methods: Vec<Method>, // non-empty, upper-case
+    pub required: bool,
+    pub ttl: Duration,
+    pub lease: Duration,
+    pub on_concurrent: OnConcurrent,
+    pub wait_timeout: Duration,
+    pub on_unknown_outcome: OnUnknownOutcome,
+    pub release_statuses: Vec<StatusCode>,
+    pub scope_headers: Vec<HeaderName>,
+    pub fingerprint_headers: Vec<HeaderName>,
+    pub replay_drop_headers: Vec<HeaderName>,
+    pub max_request_body: u64,
+    pub max_response_body: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
+    pub path: String,
+    pub policy: Policy,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+/// Why a configuration was refused.
+///
+/// The message starts with the full path of the offending field (`routes[1].ttl: ...`)
+/// so that an operator reading `--check` output knows where to look without a line
+/// number. Only a YAML syntax error, which precedes any field, starts with its line and
+/// column instead, and an I/O error with the file's path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A key that is unknown, missing, of the wrong type or holding a bad value.
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    /// `${VAR}` named a variable that is not set; unset is not the same as empty.
+    #[error("{path}: environment variable {var} is not set (referenced as ${{{var}}})")]
+    MissingEnv { path: String, var: String },
+    /// The text is not YAML at all.
+    #[error("{location}: invalid YAML: {message}")]
+    Syntax { location: String, message: String },
+    #[error("{}: cannot read configuration file: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl Config {
+    /// Parse YAML text; `env` resolves `${VAR}` (pass `|k| std::env::var(k).ok()` in production).
+    ///
+    /// `env` is a parameter so that tests can supply variables without touching the
+    /// process environment, which is shared by every test thread.
+    pub fn from_yaml_str(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut value: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|err| syntax_error(&err))?;
+        // Merge keys (`<<: *defaults`) let routes share settings; resolve them before
+        // anything looks at keys, or `<<` would be reported as an unknown field.
+        value.apply_merge().map_err(|err| syntax_error(&err))?;
+        if value.is_null() {
+            // An empty file is a configuration with every key left to its default.
+            value = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
+        }
+        interp::interpolate(&mut value, env)?;
+        let raw = raw::deserialize(value)?;
+        validate::build(raw)
+    }
+
+    /// Reads and parses a file, resolving `${VAR}` from the process environment.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_yaml_str(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// `idemgate --upstream URL [--listen ADDR]`: all defaults, memory store.
+    ///
+    /// A bad URL is reported under the path `--upstream`, the flag the operator typed.
+    pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
+        let url = values::parse_upstream_url(url)
+            .map_err(|msg| ConfigError::invalid("--upstream", msg))?;
+        validate::build(raw::RawConfig::for_upstream(url, listen))
+    }
+
+    /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
+    /// back to an equal `Config`, except that store passwords are printed as `***`.
+    ///
+    /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
+    /// Routes print only the keys in which they differ from `idempotency`.
+    pub fn to_yaml(&self) -> String {
+        render::to_yaml(self)
+    }
+
+    /// The effective policy for a request path: the first route (file order) whose
+    /// prefix matches segment-wise, else the top-level `idempotency` policy.
+    ///
+    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
+    /// matches every path. A query string, if one is passed, is ignored.
+    pub fn policy_for(&self, path: &str) -> &Policy {
+        self.route_index(path)
+            .map_or(&self.idempotency, |i| &self.routes[i].policy)
+    }
+
+    /// Index of the first route (file order) whose prefix matches `path` segment-wise.
+    /// Overlapping routes are allowed; a route listed after one that covers it never
+    /// applies, exactly as "first match wins" says.
+    pub fn route_index(&self, path: &str) -> Option<usize> {
+        let path = path.split_once('?').map_or(path, |(path, _query)| path);
+        self.routes
+            .iter()
+            .position(|route| prefix_matches(&route.path, path))
+    }
+}
+
+impl StoreConfig {
+    /// The store URLs with any password replaced by `***`, fit for logs and `--check`.
+    pub fn redacted_urls(&self) -> Vec<String> {
+        self.urls.iter().map(|url| redact_url(url)).collect()
+    }
+}
+
+/// Whether route prefix `prefix` (normalised) covers request path `path`, comparing
+/// whole segments.
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// Replaces the password (or a lone user-info part, which some clients read as a
+/// password) of a `scheme://user:pass@host` URL with `***`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The last `@` ends the user-info: a password may contain an unescaped `@`, a host
+    // or a database path never does.
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let userinfo = match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    format!("{scheme}://{userinfo}@{host}")
+}
+
+fn syntax_error(err: &serde_yaml::Error) -> ConfigError {
+    let location = err.location().map_or_else(
+        || "(document)".to_owned(),
+        |at| format!("line {} column {}", at.line(), at.column()),
+    );
+    let message = strip_position(&err.to_string());
+    ConfigError::Syntax { location, message }
+}
+
+/// Removes the " at line L column C" that serde_yaml writes into its messages.
+fn strip_position(message: &str) -> String {
+    let Some(start) = message.find(" at line ") else {
+        return message.to_owned();
+    };
+    let tail = &message[start..];
+    let Some(column) = tail.find(" column ") else {
+        return message.to_owned();
+    };
+    let after = &tail[column + " column ".len()..];
+    let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    format!("{}{}", &message[..start], &after[digits..])
+}

@@ -1,0 +1,390 @@
+//! Every class of error names its field.
+
+use super::*;
+
+#[test]
+fn overlapping_routes_are_allowed_and_the_first_match_wins() {
+    let yaml = with_minimal(
+        "routes:\n  - path: /charges\n    ttl: 1h\n  - path: /charges/refunds\n    ttl: 2h\n",
+    );
+    let config = Config::from_yaml_str(&yaml, &|_| None).expect("overlap is valid");
+    assert_eq!(config.route_index("/charges/refunds/1"), Some(0));
+    assert_eq!(
+        config.policy_for("/charges/refunds").ttl,
+        std::time::Duration::from_secs(3600)
+    );
+}
+
+#[test]
+fn route_paths_are_checked() {
+    error_at(&with_minimal("routes:\n  - ttl: 1h\n"), "routes[0].path");
+    error_at(
+        &with_minimal("routes:\n  - path: charges\n"),
+        "routes[0].path",
+    );
+    error_at(
+        &with_minimal("routes:\n  - path: /a?b=1\n"),
+        "routes[0].path",
+    );
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_their_path() {
+    let message = error_at(&with_minimal("bogus: 1\n"), "bogus");
+    assert!(
+        message.starts_with("bogus: unknown field 'bogus', expected one of listen,"),
+        "{message}"
+    );
+    let message = error_at(&with_minimal("idempotency:\n  foo: 1\n"), "idempotency.foo");
+    assert!(message.contains("unknown field 'foo'"), "{message}");
+    assert!(message.contains("header, methods"), "{message}");
+    error_at(&with_minimal("upstream_url: x\n"), "upstream_url");
+    error_at(
+        "upstream:\n  url: http://a\n  retries: 3\n",
+        "upstream.retries",
+    );
+    error_at(&with_minimal("store:\n  password: x\n"), "store.password");
+    error_at(&with_minimal("admin:\n  port: 1\n"), "admin.port");
+    let message = error_at(
+        &with_minimal("routes:\n  - path: /a\n  - path: /b\n    bogus: true\n"),
+        "routes[1].bogus",
+    );
+    assert!(message.contains("path, enabled, header"), "{message}");
+    // `enabled` belongs to routes only.
+    error_at(
+        &with_minimal("idempotency:\n  enabled: false\n"),
+        "idempotency.enabled",
+    );
+}
+
+#[test]
+fn bad_durations_name_their_field() {
+    let message = error_at(
+        &with_minimal("idempotency:\n  ttl: 10q\n"),
+        "idempotency.ttl",
+    );
+    assert!(message.contains("'10q'"), "{message}");
+    let message = error_at(
+        &with_minimal("idempotency:\n  lease: 10\n"),
+        "idempotency.lease",
+    );
+    assert!(message.contains("no unit"), "{message}");
+    let message = error_at(
+        &with_minimal("shutdown_timeout: \"10\"\n"),
+        "shutdown_timeout",
+    );
+    assert!(message.contains("no unit"), "{message}");
+    error_at(&with_minimal("store:\n  timeout: 1.5\n"), "store.timeout");
+    error_at(
+        &with_minimal("routes:\n  - path: /a\n  - path: /b\n    wait_timeout: soon\n"),
+        "routes[1].wait_timeout",
+    );
+    error_at(
+        "upstream:\n  url: http://a\n  timeout: [1s]\n",
+        "upstream.timeout",
+    );
+    for key in ["ttl", "lease", "wait_timeout"] {
+        let message = error_at(
+            &with_minimal(&format!("idempotency:\n  {key}: 0s\n")),
+            &format!("idempotency.{key}"),
+        );
+        assert!(message.contains("greater than zero"), "{message}");
+    }
+    error_at(
+        "upstream:\n  url: http://a\n  connect_timeout: 0ms\n",
+        "upstream.connect_timeout",
+    );
+}
+
+#[test]
+fn bad_sizes_name_their_field() {
+    let message = error_at(
+        &with_minimal("idempotency:\n  max_request_body: 1XB\n"),
+        "idempotency.max_request_body",
+    );
+    assert!(message.contains("'1XB'"), "{message}");
+    error_at(
+        &with_minimal("idempotency:\n  max_response_body: 1.5MiB\n"),
+        "idempotency.max_response_body",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  max_response_body: -1\n"),
+        "idempotency.max_response_body",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  max_response_body: 2.5\n"),
+        "idempotency.max_response_body",
+    );
+    let config = parse_ok(&with_minimal(
+        "idempotency:\n  max_request_body: 2048\n  max_response_body: \"1GiB\"\n",
+    ));
+    assert_eq!(config.idempotency.max_request_body, 2048);
+    assert_eq!(config.idempotency.max_response_body, 1 << 30);
+}
+
+#[test]
+fn upstream_url_is_required_and_must_be_plain_http() {
+    for empty in ["", "{}", "# nothing\n", "upstream: {}\n", "upstream:\n"] {
+        let message = error_at(empty, "upstream.url");
+        assert!(message.contains("missing"), "{message}");
+    }
+    let message = error_at(
+        "upstream:\n  url: https://api.example.com\n",
+        "upstream.url",
+    );
+    assert!(
+        message.contains("TLS to the upstream is not supported"),
+        "{message}"
+    );
+    for bad in [
+        "not a url",
+        "ftp://host",
+        "/relative",
+        "http://",
+        "http://host:0",
+        "http://u:p@host",
+        "http://h/?q=1",
+        "127.0.0.1:9000",
+        "9000",
+    ] {
+        error_at(&format!("upstream:\n  url: \"{bad}\"\n"), "upstream.url");
+    }
+    let config = parse_ok("upstream:\n  url: http://backend\n");
+    assert_eq!(config.upstream.url.host(), Some("backend"));
+    assert_eq!(
+        config.upstream.url.port_u16(),
+        None,
+        "the default port 80 is left implicit"
+    );
+    assert_eq!(config.upstream.url.path(), "/");
+}
+
+#[test]
+fn addresses_are_socket_addresses() {
+    error_at(&with_minimal("listen: localhost:8080\n"), "listen");
+    error_at(&with_minimal("listen: 8080\n"), "listen");
+    error_at(
+        &with_minimal("admin:\n  listen: 127.0.0.1\n"),
+        "admin.listen",
+    );
+    let disabled = parse_ok(&with_minimal("admin:\n  listen: null\n"));
+    assert_eq!(disabled.admin.listen, None);
+    let disabled = parse_ok(&with_minimal("admin:\n  listen:\n"));
+    assert_eq!(disabled.admin.listen, None);
+    assert_eq!(
+        parse_ok(&with_minimal("admin: {}\n")).admin.listen,
+        Some("127.0.0.1:9901".parse().unwrap())
+    );
+}
+
+#[test]
+fn method_lists_must_not_be_empty() {
+    let message = error_at(
+        &with_minimal("idempotency:\n  methods: []\n"),
+        "idempotency.methods",
+    );
+    assert!(
+        message.starts_with("idempotency.methods: must not be empty"),
+        "{message}"
+    );
+    error_at(
+        &with_minimal("routes:\n  - path: /a\n    methods: []\n"),
+        "routes[0].methods",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  methods: [POST, \"P O\"]\n"),
+        "idempotency.methods[1]",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  methods: POST\n"),
+        "idempotency.methods",
+    );
+}
+
+#[test]
+fn header_names_and_statuses_are_checked() {
+    error_at(
+        &with_minimal("idempotency:\n  header: \"Idempotency Key\"\n"),
+        "idempotency.header",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  scope_headers: [authorization, \"x:y\"]\n"),
+        "idempotency.scope_headers[1]",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  release_statuses: [429, 600]\n"),
+        "idempotency.release_statuses[1]",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  release_statuses: [99]\n"),
+        "idempotency.release_statuses[0]",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  release_statuses: [\"abc\"]\n"),
+        "idempotency.release_statuses[0]",
+    );
+    let config = parse_ok(&with_minimal(
+        "idempotency:\n  release_statuses: []\n  scope_headers: []\n",
+    ));
+    assert!(config.idempotency.release_statuses.is_empty());
+    assert!(config.idempotency.scope_headers.is_empty());
+}
+
+#[test]
+fn enums_list_their_variants() {
+    let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.kind");
+    assert_eq!(
+        message,
+        "store.kind: unknown variant 'postgres', expected one of memory, redis"
+    );
+    let message = error_at(
+        &with_minimal("store:\n  on_unavailable: ignore\n"),
+        "store.on_unavailable",
+    );
+    assert_eq!(
+        message,
+        "store.on_unavailable: unknown variant 'ignore', expected one of reject, pass_through"
+    );
+    let message = error_at(
+        &with_minimal("idempotency:\n  on_concurrent: queue\n"),
+        "idempotency.on_concurrent",
+    );
+    assert!(
+        message.ends_with("expected one of reject, wait"),
+        "{message}"
+    );
+    let message = error_at(
+        &with_minimal("routes:\n  - path: /a\n    on_unknown_outcome: retry\n"),
+        "routes[0].on_unknown_outcome",
+    );
+    assert!(
+        message.ends_with("expected one of record, release"),
+        "{message}"
+    );
+    let message = error_at(&with_minimal("log:\n  format: xml\n"), "log.format");
+    assert!(message.ends_with("expected one of text, json"), "{message}");
+    error_at(&with_minimal("store:\n  kind: 1\n"), "store.kind");
+}
+
+#[test]
+fn log_levels_are_validated() {
+    for (given, kept) in [
+        ("warn", "warn"),
+        ("ERROR", "error"),
+        (
+            "info,idemgate=debug,hyper=warn",
+            "info,idemgate=debug,hyper=warn",
+        ),
+    ] {
+        assert_eq!(
+            parse_ok(&with_minimal(&format!("log:\n  level: \"{given}\"\n")))
+                .log
+                .level,
+            kept
+        );
+    }
+    for bad in ["verbose", "", "idemgate=loud", "a b", "idemgate", "info,"] {
+        error_at(
+            &with_minimal(&format!("log:\n  level: \"{bad}\"\n")),
+            "log.level",
+        );
+    }
+}
+
+#[test]
+fn store_urls_are_checked_only_for_redis() {
+    let memory = parse_ok(&with_minimal("store:\n  kind: memory\n  url: not-a-url\n"));
+    assert_eq!(memory.store.urls, ["not-a-url"]);
+    let message = error_at(
+        &with_minimal("store:\n  kind: redis\n  url: http://cache:6379\n"),
+        "store.url",
+    );
+    assert!(message.contains("redis://"), "{message}");
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  url: redis://:6379\n"),
+        "store.url",
+    );
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  url: redis://cache:notaport\n"),
+        "store.url",
+    );
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  url: redis://cache/db\n"),
+        "store.url",
+    );
+    error_at(
+        &with_minimal("store:\n  max_entries: 0\n"),
+        "store.max_entries",
+    );
+    error_at(
+        &with_minimal("store:\n  max_entries: -5\n"),
+        "store.max_entries",
+    );
+    let ok = parse_ok(&with_minimal(
+        "store:\n  kind: redis\n  url: redis://[::1]:6379/2?protocol=resp3\n",
+    ));
+    assert!(!ok.store.cluster);
+}
+
+#[test]
+fn cluster_follows_the_flag_or_the_url_count_and_refuses_databases() {
+    let seeds = parse_ok(&with_minimal(
+        "store:\n  kind: redis\n  url: redis://ignored:1/0\n  urls: [redis://a:7000, redis://b:7000]\n",
+    ));
+    assert!(seeds.store.cluster);
+    assert_eq!(seeds.store.urls, ["redis://a:7000", "redis://b:7000"]);
+    let flagged = parse_ok(&with_minimal("store:\n  kind: redis\n  cluster: true\n"));
+    assert!(flagged.store.cluster);
+    assert_eq!(flagged.store.urls, ["redis://127.0.0.1:6379"]);
+    let message = error_at(
+        &with_minimal("store:\n  kind: redis\n  urls: [redis://a:7000, redis://b:7000/1]\n"),
+        "store.urls[1]",
+    );
+    assert!(message.contains("no database number"), "{message}");
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  cluster: true\n  url: redis://a:7000/0\n"),
+        "store.url",
+    );
+    let empty_list = parse_ok(&with_minimal("store:\n  urls: []\n  url: redis://x:1/0\n"));
+    assert_eq!(empty_list.store.urls, ["redis://x:1/0"]);
+}
+
+#[test]
+fn a_missing_env_var_names_the_field_and_the_variable() {
+    let text =
+        with_minimal("store:\n  kind: redis\n  url: redis://:${REDIS_PASSWORD}@cache:6379/0\n");
+    let err = parse(&text).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::MissingEnv { path, var } if path == "store.url" && var == "REDIS_PASSWORD")
+    );
+    assert_eq!(
+        err.to_string(),
+        "store.url: environment variable REDIS_PASSWORD is not set (referenced as ${REDIS_PASSWORD})"
+    );
+    error_at(
+        &with_minimal("routes:\n  - path: /a\n    scope_headers: [a, \"${X}\"]\n"),
+        "routes[0].scope_headers[1]",
+    );
+    error_at(
+        &with_minimal("log:\n  level: \"${UNCLOSED\"\n"),
+        "log.level",
+    );
+    error_at(&with_minimal("log:\n  level: \"${1BAD}\"\n"), "log.level");
+}
+
+#[test]
+fn yaml_syntax_errors_give_a_position() {
+    let message = parse("upstream:\n  url: [\n").unwrap_err().to_string();
+    assert!(message.starts_with("line "), "{message}");
+    let message = parse("key_prefix: idemgate:\n  x: y")
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("invalid YAML"), "{message}");
+    let message = parse("- just\n- a list\n").unwrap_err().to_string();
+    assert!(
+        message.starts_with("(top level): invalid type: sequence"),
+        "{message}"
+    );
+    let message = parse("a: 1\na: 2\n").unwrap_err().to_string();
+    assert!(message.contains("duplicate"), "{message}");
+}

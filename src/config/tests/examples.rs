@@ -1,0 +1,220 @@
+//! The shipped example files, `to_yaml`, and robustness against arbitrary input.
+
+use std::path::Path;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn example_files() -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn parse_example(path: &Path) -> Config {
+    let text = std::fs::read_to_string(path).unwrap();
+    let env = env_map(&[("REDIS_PASSWORD", "s3cr3t")]);
+    Config::from_yaml_str(&text, &env).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+#[test]
+fn every_example_config_parses() {
+    let files = example_files();
+    let names: Vec<_> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_str().unwrap().to_owned())
+        .collect();
+    for expected in [
+        "cluster.yaml",
+        "demo.yaml",
+        "docker.yaml",
+        "example.yaml",
+        "minimal.yaml",
+        "redis.yaml",
+    ] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "config/{expected} is missing"
+        );
+    }
+    for path in &files {
+        parse_example(path);
+    }
+}
+
+#[test]
+fn the_annotated_example_is_exactly_the_defaults_plus_its_routes() {
+    let example = parse_example(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.yaml"));
+    let defaults = parse_ok(MINIMAL);
+    assert_eq!(
+        Config {
+            routes: vec![],
+            ..example.clone()
+        },
+        defaults
+    );
+    assert_eq!(example.policy_for("/charges/1").methods, [Method::POST]);
+    assert!(!example.policy_for("/webhooks").enabled);
+}
+
+#[test]
+fn the_example_configs_say_what_they_promise() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let demo = parse_example(&dir.join("demo.yaml"));
+    assert_eq!(demo.store.kind, StoreKind::Memory);
+    assert_eq!(demo.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(demo.admin.listen, Some("127.0.0.1:9901".parse().unwrap()));
+    let charges = demo.policy_for("/charges");
+    assert!(charges.required && charges.methods == [Method::POST]);
+    assert!(!demo.policy_for("/webhooks").enabled);
+
+    let docker = parse_example(&dir.join("docker.yaml"));
+    assert_eq!(docker.store.kind, StoreKind::Redis);
+    assert_eq!(docker.store.urls, ["redis://redis:6379/0"]);
+    assert_eq!(docker.upstream.url.host(), Some("backend"));
+    assert_eq!(docker.admin.listen, Some("0.0.0.0:9901".parse().unwrap()));
+
+    let cluster = parse_example(&dir.join("cluster.yaml"));
+    assert!(cluster.store.cluster);
+    assert_eq!(cluster.store.urls.len(), 3);
+
+    let redis = parse_example(&dir.join("redis.yaml"));
+    assert_eq!(redis.store.urls, ["redis://:s3cr3t@127.0.0.1:6379/0"]);
+}
+
+#[test]
+fn to_yaml_round_trips_every_example_with_passwords_redacted() {
+    for path in example_files() {
+        let config = parse_example(&path);
+        let yaml = config.to_yaml();
+        let reparsed =
+            parse(&yaml).unwrap_or_else(|err| panic!("{}: {err}\n{yaml}", path.display()));
+        let expected = Config {
+            store: StoreConfig {
+                urls: config.store.redacted_urls(),
+                ..config.store.clone()
+            },
+            ..config
+        };
+        assert_eq!(reparsed, expected, "{}\n{yaml}", path.display());
+    }
+}
+
+#[test]
+fn to_yaml_round_trips_unusual_values() {
+    for text in [
+        EVERYTHING.to_owned(),
+        with_minimal(
+            "admin:\n  listen: null\nidempotency:\n  max_request_body: 1000\n  max_response_body: 0\n  ttl: 1500ms\n",
+        ),
+    ] {
+        let config = parse_ok(&text);
+        let yaml = config.to_yaml();
+        let expected = Config {
+            store: StoreConfig {
+                urls: config.store.redacted_urls(),
+                ..config.store.clone()
+            },
+            ..config
+        };
+        assert_eq!(parse_ok(&yaml), expected, "{yaml}");
+    }
+}
+
+#[test]
+fn to_yaml_prints_defaults_in_the_documented_units() {
+    let yaml = parse_ok(MINIMAL).to_yaml();
+    for line in [
+        "listen: 127.0.0.1:8080",
+        "  url: http://127.0.0.1:9000\n",
+        "  ttl: 24h",
+        "  lease: 10s",
+        "  timeout: 1s",
+        "  max_request_body: 1MiB",
+        "  max_response_body: 4MiB",
+        "  kind: memory",
+        "  header: idempotency-key",
+        "routes: []",
+        "  listen: 127.0.0.1:9901",
+        "shutdown_timeout: 30s",
+    ] {
+        assert!(yaml.contains(line), "missing {line:?} in\n{yaml}");
+    }
+    let routes = parse_ok(&with_minimal(
+        "routes:\n  - path: /a\n    ttl: 1h\n  - path: /b\n    enabled: false\n",
+    ))
+    .to_yaml();
+    assert!(
+        routes.contains("- path: /a\n  ttl: 1h\n- path: /b\n  enabled: false\n"),
+        "{routes}"
+    );
+}
+
+#[test]
+fn to_yaml_never_prints_store_passwords() {
+    let env = env_map(&[("REDIS_PASSWORD", "hunter2")]);
+    let text = with_minimal(
+        "store:\n  kind: redis\n  urls: [\"redis://:${REDIS_PASSWORD}@a:1\", \"rediss://admin:${REDIS_PASSWORD}@b:2\", \"redis://${REDIS_PASSWORD}@c:3\"]\n",
+    );
+    let config = Config::from_yaml_str(&text, &env).unwrap();
+    let yaml = config.to_yaml();
+    assert!(!yaml.contains("hunter2"), "{yaml}");
+    assert!(yaml.contains("redis://:***@a:1"), "{yaml}");
+    assert!(yaml.contains("rediss://admin:***@b:2"), "{yaml}");
+    assert!(yaml.contains("redis://***@c:3"), "{yaml}");
+    assert_eq!(redact_url("redis://:p@ss@h:1/0"), "redis://:***@h:1/0");
+    assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+    let err = parse(&with_minimal(
+        "store:\n  kind: redis\n  url: redis://:hunter2@h:bad\n",
+    ))
+    .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_text_never_panics(text in ".{0,200}") {
+        let _ = parse(&text);
+    }
+
+    #[test]
+    fn yaml_ish_text_never_panics(
+        lines in prop::collection::vec(
+            (0usize..3, prop::sample::select(vec![
+                "listen", "upstream", "url", "store", "kind", "urls", "idempotency", "methods",
+                "routes", "- path", "ttl", "max_request_body", "admin", "log", "cluster", "enabled",
+                "release_statuses", "bogus", "- ", "<<", "&a", "*a",
+            ]), prop::sample::select(vec![
+                "", " http://a:1", " 10s", " 10", " 0s", " 1MiB", " 1XB", " [POST]", " []", " null",
+                " redis", " true", " ${X}", " ${", " \"", " {}", " [", " - x", " 99999999999999999999",
+                " /a", " https://x", " redis://:p@h:1/0", " *a", " &a x", " !tag x",
+            ])),
+            0..12,
+        )
+    ) {
+        let text: String = lines
+            .iter()
+            .map(|(indent, key, value)| format!("{}{key}:{value}\n", "  ".repeat(*indent)))
+            .collect();
+        let env = env_map(&[("X", "1")]);
+        if let Ok(config) = Config::from_yaml_str(&text, &env) {
+            // Whatever parses must print and parse back.
+            let yaml = config.to_yaml();
+            let reparsed = parse(&yaml);
+            prop_assert!(reparsed.is_ok(), "{text}\n---\n{yaml}\n{reparsed:?}");
+        }
+    }
+}

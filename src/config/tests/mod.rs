@@ -1,0 +1,355 @@
+//! Loading, defaults, merging and matching; errors and examples are in submodules.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::*;
+
+mod errors;
+mod examples;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_yaml_str(text, &no_env)
+}
+
+fn parse_ok(text: &str) -> Config {
+    parse(text).unwrap_or_else(|err| panic!("{err}\n---\n{text}"))
+}
+
+/// The error message, asserting it starts with `path: `.
+fn error_at(text: &str, path: &str) -> String {
+    let message = match parse(text) {
+        Ok(config) => panic!("accepted:\n{text}\n---\n{config:?}"),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        message.starts_with(&format!("{path}: ")),
+        "expected `{path}: ...`, got `{message}`"
+    );
+    message
+}
+
+const MINIMAL: &str = "upstream:\n  url: http://127.0.0.1:9000\n";
+
+fn with_minimal(extra: &str) -> String {
+    format!("{MINIMAL}{extra}")
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn header(name: &'static str) -> HeaderName {
+    HeaderName::from_static(name)
+}
+
+fn env_map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+#[test]
+fn a_minimal_file_gets_every_default() {
+    let config = parse_ok(MINIMAL);
+    assert_eq!(config.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(
+        config.upstream.url,
+        "http://127.0.0.1:9000/".parse::<Uri>().unwrap()
+    );
+    assert_eq!(config.upstream.connect_timeout, secs(2));
+    assert_eq!(config.upstream.timeout, secs(30));
+    assert_eq!(
+        config.store,
+        StoreConfig {
+            kind: StoreKind::Memory,
+            urls: vec!["redis://127.0.0.1:6379/0".to_owned()],
+            cluster: false,
+            key_prefix: "idemgate:".to_owned(),
+            timeout: secs(1),
+            on_unavailable: OnUnavailable::Reject,
+            max_entries: 100_000,
+        }
+    );
+    let policy = &config.idempotency;
+    assert!(policy.enabled);
+    assert_eq!(policy.header, header("idempotency-key"));
+    assert_eq!(
+        policy.methods,
+        [Method::POST, Method::PUT, Method::PATCH, Method::DELETE]
+    );
+    assert!(!policy.required);
+    assert_eq!(policy.ttl, secs(86_400));
+    assert_eq!(policy.lease, secs(10));
+    assert_eq!(policy.on_concurrent, OnConcurrent::Reject);
+    assert_eq!(policy.wait_timeout, secs(10));
+    assert_eq!(policy.on_unknown_outcome, OnUnknownOutcome::Record);
+    assert_eq!(
+        policy.release_statuses,
+        [
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE
+        ]
+    );
+    assert_eq!(policy.scope_headers, [header("authorization")]);
+    assert_eq!(policy.fingerprint_headers, [header("content-type")]);
+    assert_eq!(
+        policy.replay_drop_headers,
+        [header("set-cookie"), header("date")]
+    );
+    assert_eq!(policy.max_request_body, 1 << 20);
+    assert_eq!(policy.max_response_body, 4 << 20);
+    assert_eq!(*policy, Policy::default());
+    assert!(config.routes.is_empty());
+    assert_eq!(config.admin.listen, Some("127.0.0.1:9901".parse().unwrap()));
+    assert_eq!(
+        config.log,
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".to_owned()
+        }
+    );
+    assert_eq!(config.shutdown_timeout, secs(30));
+}
+
+const EVERYTHING: &str = r#"
+listen: 0.0.0.0:18080
+upstream:
+  url: http://backend:9000/api/
+  connect_timeout: 500ms
+  timeout: 1m
+store:
+  kind: redis
+  url: rediss://user:pw@cache.internal:6380/3
+  cluster: false
+  key_prefix: "app1:"
+  timeout: 250ms
+  on_unavailable: pass_through
+  max_entries: 42
+idempotency:
+  header: X-Request-Key
+  methods: [post, Put]
+  required: true
+  ttl: 7d
+  lease: 30s
+  on_concurrent: wait
+  wait_timeout: 5s
+  on_unknown_outcome: release
+  release_statuses: [429, 502, 503]
+  scope_headers: [Authorization, X-Tenant]
+  fingerprint_headers: []
+  replay_drop_headers: [set-cookie]
+  max_request_body: 64KiB
+  max_response_body: 2MB
+routes:
+  - path: /v1/charges/
+    ttl: 48h
+admin:
+  listen: "[::1]:9000"
+log:
+  format: json
+  level: DEBUG
+shutdown_timeout: 1h 30m
+"#;
+
+#[test]
+fn every_key_can_be_overridden() {
+    let config = parse_ok(EVERYTHING);
+    assert_eq!(config.listen, "0.0.0.0:18080".parse().unwrap());
+    assert_eq!(
+        config.upstream.url,
+        "http://backend:9000/api".parse::<Uri>().unwrap()
+    );
+    assert_eq!(config.upstream.connect_timeout, Duration::from_millis(500));
+    assert_eq!(config.upstream.timeout, secs(60));
+    assert_eq!(
+        config.store,
+        StoreConfig {
+            kind: StoreKind::Redis,
+            urls: vec!["rediss://user:pw@cache.internal:6380/3".to_owned()],
+            cluster: false,
+            key_prefix: "app1:".to_owned(),
+            timeout: Duration::from_millis(250),
+            on_unavailable: OnUnavailable::PassThrough,
+            max_entries: 42,
+        }
+    );
+    let expected = Policy {
+        enabled: true,
+        header: header("x-request-key"),
+        methods: vec![Method::POST, Method::PUT],
+        required: true,
+        ttl: secs(7 * 86_400),
+        lease: secs(30),
+        on_concurrent: OnConcurrent::Wait,
+        wait_timeout: secs(5),
+        on_unknown_outcome: OnUnknownOutcome::Release,
+        release_statuses: vec![
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ],
+        scope_headers: vec![header("authorization"), header("x-tenant")],
+        fingerprint_headers: vec![],
+        replay_drop_headers: vec![header("set-cookie")],
+        max_request_body: 64 * 1024,
+        max_response_body: 2_000_000,
+    };
+    assert_eq!(config.idempotency, expected);
+    assert_eq!(config.routes.len(), 1);
+    assert_eq!(config.routes[0].path, "/v1/charges");
+    assert_eq!(
+        config.routes[0].policy,
+        Policy {
+            ttl: secs(48 * 3600),
+            ..expected
+        }
+    );
+    assert_eq!(config.admin.listen, Some("[::1]:9000".parse().unwrap()));
+    assert_eq!(
+        config.log,
+        LogConfig {
+            format: LogFormat::Json,
+            level: "debug".to_owned()
+        }
+    );
+    assert_eq!(config.shutdown_timeout, secs(5_400));
+}
+
+#[test]
+fn routes_override_only_the_keys_they_name() {
+    let config = parse_ok(&with_minimal(
+        "idempotency:\n  ttl: 1h\n  required: false\n\
+         routes:\n\
+         \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
+         \x20 - path: /webhooks\n    enabled: false\n",
+    ));
+    let top = &config.idempotency;
+    let charges = config.policy_for("/charges");
+    assert_eq!(charges.methods, [Method::POST]);
+    assert!(charges.required);
+    assert_eq!(
+        charges.ttl,
+        secs(3600),
+        "inherited from idempotency, not the built-in default"
+    );
+    assert_eq!(
+        *charges,
+        Policy {
+            methods: vec![Method::POST],
+            required: true,
+            ..top.clone()
+        }
+    );
+    let webhooks = config.policy_for("/webhooks/stripe");
+    assert!(!webhooks.enabled);
+    assert_eq!(
+        *webhooks,
+        Policy {
+            enabled: false,
+            ..top.clone()
+        }
+    );
+    assert!(config.policy_for("/other").enabled);
+}
+
+#[test]
+fn routes_match_whole_segments_in_file_order() {
+    let config = parse_ok(&with_minimal(
+        "routes:\n  - path: /charges/refunds\n    ttl: 1h\n  - path: /charges\n    ttl: 2h\n",
+    ));
+    let ttl = |path| config.policy_for(path).ttl;
+    assert_eq!(ttl("/charges"), secs(7_200));
+    assert_eq!(ttl("/charges/42"), secs(7_200));
+    assert_eq!(ttl("/charges/refunds"), secs(3_600));
+    assert_eq!(ttl("/charges/refunds/9"), secs(3_600));
+    assert_eq!(ttl("/charges?x=1"), secs(7_200));
+    assert_eq!(ttl("/chargesX"), secs(86_400));
+    assert_eq!(ttl("/charges/refundsX"), secs(7_200));
+    assert_eq!(ttl("/"), secs(86_400));
+    assert_eq!(ttl("/other/charges"), secs(86_400));
+
+    let root = parse_ok(&with_minimal("routes:\n  - path: /\n    ttl: 1h\n"));
+    for path in ["/", "/a", "/a/b", ""] {
+        assert_eq!(root.policy_for(path).ttl, secs(3_600), "{path}");
+    }
+    let trailing = parse_ok(&with_minimal("routes:\n  - path: /charges//\n"));
+    assert_eq!(trailing.routes[0].path, "/charges");
+    assert_eq!(
+        parse_ok(&with_minimal("routes:\n  - path: //\n")).routes[0].path,
+        "/"
+    );
+}
+
+#[test]
+fn env_vars_are_interpolated_in_every_string() {
+    let env = env_map(&[
+        ("PASS", "p@ss: #word"),
+        ("HOST", "backend"),
+        ("N", "7"),
+        ("ON", "true"),
+    ]);
+    let text = "# ${NOT_IN_COMMENTS}\n\
+                upstream:\n  url: http://${HOST}:9000\n\
+                store:\n  kind: redis\n  url: redis://:${PASS}@${HOST}:6379\n  max_entries: ${N}\n  cluster: \"${ON}\"\n  urls: []\n\
+                idempotency:\n  scope_headers: [\"x-${HOST}\"]\n  ttl: ${N}h\n\
+                log:\n  level: \"$notavar\"\n";
+    let err = Config::from_yaml_str(text, &env).unwrap_err().to_string();
+    // `$notavar` is not a reference, so it reaches level validation untouched.
+    assert!(
+        err.starts_with("log.level: invalid log level '$notavar'"),
+        "{err}"
+    );
+    let config = Config::from_yaml_str(&text.replace("\"$notavar\"", "warn"), &env).unwrap();
+    assert_eq!(config.upstream.url.host(), Some("backend"));
+    assert_eq!(config.store.urls, ["redis://:p@ss: #word@backend:6379"]);
+    assert_eq!(config.store.max_entries, 7);
+    assert!(config.store.cluster);
+    assert_eq!(config.idempotency.scope_headers, [header("x-backend")]);
+    assert_eq!(config.idempotency.ttl, secs(7 * 3600));
+}
+
+#[test]
+fn merge_keys_share_settings_between_routes() {
+    let config = parse_ok(&with_minimal(
+        "routes:\n  - &pay\n    path: /pay\n    ttl: 2h\n    required: true\n  - <<: *pay\n    path: /refund\n",
+    ));
+    assert_eq!(config.routes[1].path, "/refund");
+    assert_eq!(config.routes[1].policy.ttl, secs(7_200));
+    assert!(config.routes[1].policy.required);
+}
+
+#[test]
+fn for_upstream_uses_every_default() {
+    let config = Config::for_upstream("http://127.0.0.1:9000", None).unwrap();
+    assert_eq!(config, parse_ok(MINIMAL));
+    let listen = "0.0.0.0:80".parse().unwrap();
+    assert_eq!(
+        Config::for_upstream("http://b:1", Some(listen))
+            .unwrap()
+            .listen,
+        listen
+    );
+    let message = Config::for_upstream("https://b", None)
+        .unwrap_err()
+        .to_string();
+    assert!(message.starts_with("--upstream: "), "{message}");
+}
+
+#[test]
+fn from_file_names_the_path_it_cannot_read() {
+    let path = Path::new("/nonexistent/idemgate.yaml");
+    let message = Config::from_file(path).unwrap_err().to_string();
+    assert!(
+        message.starts_with("/nonexistent/idemgate.yaml: cannot read"),
+        "{message}"
+    );
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/minimal.yaml");
+    assert_eq!(Config::from_file(&example).unwrap(), parse_ok(MINIMAL));
+}

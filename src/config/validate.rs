@@ -1,0 +1,270 @@
+//! Defaults and the checks that involve more than one key.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+
+use super::raw::{RawConfig, RawPolicy, RawStore};
+use super::{
+    AdminConfig, Config, ConfigError, LogConfig, LogFormat, OnConcurrent, OnUnavailable,
+    OnUnknownOutcome, Policy, Route, StoreConfig, StoreKind, UpstreamConfig, redact_url,
+};
+
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
+const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+/// A cluster seed carries no database number (Redis Cluster only has database 0).
+const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
+
+impl Default for Policy {
+    /// The SPEC §6 defaults of the `idempotency` section.
+    fn default() -> Self {
+        Policy {
+            enabled: true,
+            header: HeaderName::from_static("idempotency-key"),
+            methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+            required: false,
+            ttl: Duration::from_secs(24 * 60 * 60),
+            lease: Duration::from_secs(10),
+            on_concurrent: OnConcurrent::Reject,
+            wait_timeout: Duration::from_secs(10),
+            on_unknown_outcome: OnUnknownOutcome::Record,
+            release_statuses: vec![
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ],
+            scope_headers: vec![http::header::AUTHORIZATION],
+            fingerprint_headers: vec![http::header::CONTENT_TYPE],
+            replay_drop_headers: vec![http::header::SET_COOKIE, http::header::DATE],
+            max_request_body: 1 << 20,
+            max_response_body: 4 << 20,
+        }
+    }
+}
+
+pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
+    let upstream = raw.upstream.unwrap_or_default();
+    let Some(url) = upstream.url else {
+        return Err(ConfigError::invalid(
+            "upstream.url",
+            "missing; set the http:// URL of the service to protect, e.g. http://127.0.0.1:9000",
+        ));
+    };
+    let idempotency = apply(Policy::default(), raw.idempotency.unwrap_or_default());
+    let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
+    let log = raw.log.unwrap_or_default();
+    Ok(Config {
+        listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
+        upstream: UpstreamConfig {
+            url: url.0,
+            connect_timeout: upstream
+                .connect_timeout
+                .map_or(Duration::from_secs(2), |d| d.0),
+            timeout: upstream.timeout.map_or(Duration::from_secs(30), |d| d.0),
+        },
+        store: build_store(raw.store.unwrap_or_default())?,
+        idempotency,
+        routes,
+        admin: AdminConfig {
+            listen: match raw.admin.unwrap_or_default().listen {
+                None => Some(DEFAULT_ADMIN),
+                Some(listen) => listen.map(|addr| addr.0),
+            },
+        },
+        log: LogConfig {
+            format: log.format.map_or(LogFormat::Text, |f| f.0),
+            level: log.level.map_or_else(|| "info".to_owned(), |l| l.0),
+        },
+        shutdown_timeout: raw
+            .shutdown_timeout
+            .map_or(Duration::from_secs(30), |d| d.0),
+    })
+}
+
+fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
+    let kind = raw.kind.map_or(StoreKind::Memory, |k| k.0);
+    let explicit_cluster = raw.cluster.is_some_and(|c| c.0);
+    // Each URL keeps the path of the key it came from, for error messages.
+    let urls: Vec<(String, String)> = match (raw.urls, raw.url) {
+        (Some(urls), _) if !urls.is_empty() => urls
+            .into_iter()
+            .enumerate()
+            .map(|(i, url)| (format!("store.urls[{i}]"), url))
+            .collect(),
+        (_, Some(url)) => vec![("store.url".to_owned(), url)],
+        _ if explicit_cluster => vec![("store.url".to_owned(), DEFAULT_CLUSTER_URL.to_owned())],
+        _ => vec![("store.url".to_owned(), DEFAULT_REDIS_URL.to_owned())],
+    };
+    let cluster = explicit_cluster || urls.len() > 1;
+    // SPEC §8: keys that do not apply to the chosen kind are allowed, so a memory
+    // store does not look at its (unused) URLs.
+    if kind == StoreKind::Redis {
+        for (path, url) in &urls {
+            check_redis_url(url, cluster).map_err(|msg| ConfigError::invalid(path, msg))?;
+        }
+    }
+    let max_entries = match raw.max_entries {
+        None => 100_000,
+        Some(count) => usize::try_from(count.0)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| ConfigError::invalid("store.max_entries", "must be at least 1"))?,
+    };
+    Ok(StoreConfig {
+        kind,
+        urls: urls.into_iter().map(|(_, url)| url).collect(),
+        cluster,
+        key_prefix: raw.key_prefix.unwrap_or_else(|| "idemgate:".to_owned()),
+        timeout: raw.timeout.map_or(Duration::from_secs(1), |d| d.0),
+        on_unavailable: raw.on_unavailable.map_or(OnUnavailable::Reject, |o| o.0),
+        max_entries,
+    })
+}
+
+/// Checks `redis[s]://[user[:password]@]host[:port][/db][?params]` without echoing
+/// the password into the message.
+fn check_redis_url(url: &str, cluster: bool) -> Result<(), String> {
+    let shown = redact_url(url);
+    let Some(rest) = url
+        .strip_prefix("redis://")
+        .or_else(|| url.strip_prefix("rediss://"))
+    else {
+        return Err(format!("'{shown}' is not a redis:// or rediss:// URL"));
+    };
+    let after_userinfo = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let (address, path) = match after_userinfo.find(['/', '?']) {
+        Some(at) => after_userinfo.split_at(at),
+        None => (after_userinfo, ""),
+    };
+    let (host, port) = split_host_port(address);
+    if host.is_empty() {
+        return Err(format!("'{shown}' has no host"));
+    }
+    if let Some(port) = port
+        && !matches!(port.parse::<u16>(), Ok(1..))
+    {
+        return Err(format!("'{shown}' has an invalid port '{port}'"));
+    }
+    let db = path
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches('/');
+    if db.is_empty() {
+        return Ok(());
+    }
+    if !db.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "'{shown}' has an invalid database '/{db}'; expected a number such as /0"
+        ));
+    }
+    if cluster {
+        return Err(format!(
+            "'{shown}': cluster URLs carry no database number; remove '/{db}'"
+        ));
+    }
+    Ok(())
+}
+
+/// Splits `host:port`, `[v6]:port`, `host` or `[v6]`.
+fn split_host_port(address: &str) -> (&str, Option<&str>) {
+    if let Some(v6) = address.strip_prefix('[') {
+        return match v6.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => ("", None),
+        };
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (address, None),
+    }
+}
+
+/// The top-level policy with the keys present in `raw` replaced.
+fn apply(mut policy: Policy, raw: RawPolicy) -> Policy {
+    let headers = |list: Vec<super::values::Header>| list.into_iter().map(|h| h.0).collect();
+    if let Some(v) = raw.header {
+        policy.header = v.0;
+    }
+    if let Some(v) = raw.methods {
+        policy.methods = v.0;
+    }
+    if let Some(v) = raw.required {
+        policy.required = v.0;
+    }
+    if let Some(v) = raw.ttl {
+        policy.ttl = v.0;
+    }
+    if let Some(v) = raw.lease {
+        policy.lease = v.0;
+    }
+    if let Some(v) = raw.on_concurrent {
+        policy.on_concurrent = v.0;
+    }
+    if let Some(v) = raw.wait_timeout {
+        policy.wait_timeout = v.0;
+    }
+    if let Some(v) = raw.on_unknown_outcome {
+        policy.on_unknown_outcome = v.0;
+    }
+    if let Some(v) = raw.release_statuses {
+        policy.release_statuses = v.into_iter().map(|s| s.0).collect();
+    }
+    if let Some(v) = raw.scope_headers {
+        policy.scope_headers = headers(v);
+    }
+    if let Some(v) = raw.fingerprint_headers {
+        policy.fingerprint_headers = headers(v);
+    }
+    if let Some(v) = raw.replay_drop_headers {
+        policy.replay_drop_headers = headers(v);
+    }
+    if let Some(v) = raw.max_request_body {
+        policy.max_request_body = v.0;
+    }
+    if let Some(v) = raw.max_response_body {
+        policy.max_response_body = v.0;
+    }
+    policy
+}
+
+fn build_routes(
+    raw: Vec<super::raw::RawRoute>,
+    idempotency: &Policy,
+) -> Result<Vec<Route>, ConfigError> {
+    let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
+    for (index, route) in raw.into_iter().enumerate() {
+        let (path, enabled, overrides) = route.split();
+        let field = format!("routes[{index}].path");
+        let Some(path) = path else {
+            return Err(ConfigError::invalid(
+                field,
+                "missing; every route needs a path prefix such as /charges",
+            ));
+        };
+        let path = normalise_route_path(&path).map_err(|msg| ConfigError::invalid(&field, msg))?;
+        let mut policy = apply(idempotency.clone(), overrides);
+        policy.enabled = enabled.is_none_or(|e| e.0);
+        routes.push(Route { path, policy });
+    }
+    Ok(routes)
+}
+
+fn normalise_route_path(path: &str) -> Result<String, String> {
+    if !path.starts_with('/') {
+        return Err(format!("'{path}' must start with '/'"));
+    }
+    if path.contains(['?', '#']) || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "'{path}' is not a path prefix: routes match on the path alone, without query, \
+             fragment or spaces"
+        ));
+    }
+    let trimmed = path.trim_end_matches('/');
+    Ok(if trimmed.is_empty() {
+        "/".to_owned()
+    } else {
+        trimmed.to_owned()
+    })
+}

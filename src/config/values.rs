@@ -1,0 +1,413 @@
+//! Single values of the file, each parsed inside its own `Deserialize` so that an
+//! error carries the path `serde_path_to_error` recorded for it (`routes[1].ttl`).
+//!
+//! Each type accepts exactly what SPEC §6 and §8 allow and says what it found
+//! otherwise; `validate` only ever sees well-formed values.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::units;
+use super::{LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, StoreKind};
+
+/// Any YAML scalar, kept with its type so that a message can say what was found.
+/// Interpolated values are always strings, so numeric and boolean keys also accept
+/// their text (`max_entries: ${MAX_ENTRIES}`).
+enum Scalar {
+    Str(String),
+    Int(i128),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    fn read<'de, D: Deserializer<'de>>(d: D, expecting: &'static str) -> Result<Scalar, D::Error> {
+        d.deserialize_any(ScalarVisitor { expecting })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Scalar::Str(s) => format!("string '{s}'"),
+            Scalar::Int(n) => format!("integer {n}"),
+            Scalar::Float(x) => format!("number {x}"),
+            Scalar::Bool(b) => format!("boolean {b}"),
+        }
+    }
+
+    /// The string, or an error saying what was expected instead.
+    fn into_str<E: de::Error>(self, expecting: &str) -> Result<String, E> {
+        match self {
+            Scalar::Str(s) => Ok(s),
+            other => Err(E::custom(format!(
+                "expected {expecting}, found {}",
+                other.describe()
+            ))),
+        }
+    }
+
+    /// A non-negative integer, given as a YAML integer or as a string of digits.
+    fn into_u64<E: de::Error>(self, expecting: &str) -> Result<u64, E> {
+        let number = match &self {
+            Scalar::Int(n) => u64::try_from(*n).ok(),
+            Scalar::Str(s) => s.trim().parse::<u64>().ok(),
+            Scalar::Float(_) | Scalar::Bool(_) => None,
+        };
+        number.ok_or_else(|| E::custom(format!("expected {expecting}, found {}", self.describe())))
+    }
+}
+
+struct ScalarVisitor {
+    expecting: &'static str,
+}
+
+impl Visitor<'_> for ScalarVisitor {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expecting)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+        Ok(Scalar::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v.into()))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+        Ok(Scalar::Int(v.into()))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+        Ok(Scalar::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+        Ok(Scalar::Str(v))
+    }
+}
+
+/// A duration greater than zero: every duration in the file is a TTL, a lease or a
+/// timeout, and zero would make each of them meaningless.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dur(pub(super) Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a duration such as 10s";
+        let text = match Scalar::read(d, EXPECTING)? {
+            Scalar::Int(n) => format!("{n}"),
+            Scalar::Float(x) => format!("{x}"),
+            other => other.into_str(EXPECTING)?,
+        };
+        let duration = units::parse_duration(&text).map_err(de::Error::custom)?;
+        if duration.is_zero() {
+            return Err(de::Error::custom("must be greater than zero"));
+        }
+        Ok(Dur(duration))
+    }
+}
+
+/// A byte count: a YAML integer, or a string with an optional unit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Size(pub(super) u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a size such as 1MiB or a number of bytes";
+        match Scalar::read(d, EXPECTING)? {
+            Scalar::Str(text) => units::parse_size(&text)
+                .map(Size)
+                .map_err(de::Error::custom),
+            other => other.into_u64(EXPECTING).map(Size),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Count(pub(super) u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a non-negative integer";
+        Scalar::read(d, EXPECTING)?.into_u64(EXPECTING).map(Count)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Flag(pub(super) bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "true or false";
+        match Scalar::read(d, EXPECTING)? {
+            Scalar::Bool(b) => Ok(Flag(b)),
+            Scalar::Str(s) if s.trim() == "true" => Ok(Flag(true)),
+            Scalar::Str(s) if s.trim() == "false" => Ok(Flag(false)),
+            other => Err(de::Error::custom(format!(
+                "expected {EXPECTING}, found {}",
+                other.describe()
+            ))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Addr(pub(super) SocketAddr);
+
+impl<'de> Deserialize<'de> for Addr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "an address such as 127.0.0.1:8080";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        text.trim().parse().map(Addr).map_err(|_| {
+            de::Error::custom(format!(
+                "invalid address '{text}'; expected IP:PORT such as 127.0.0.1:8080 or [::]:8080 \
+                 (host names are not resolved)"
+            ))
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Header(pub(super) HeaderName);
+
+impl<'de> Deserialize<'de> for Header {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "an HTTP header name";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        HeaderName::from_bytes(text.trim().as_bytes())
+            .map(Header)
+            .map_err(|_| de::Error::custom(format!("invalid HTTP header name '{text}'")))
+    }
+}
+
+/// A non-empty method list: an empty one would guard nothing, which `enabled: false`
+/// already says explicitly.
+#[derive(Debug, Clone)]
+pub(super) struct Methods(pub(super) Vec<Method>);
+
+impl<'de> Deserialize<'de> for Methods {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let methods = Vec::<MethodName>::deserialize(d)?;
+        if methods.is_empty() {
+            return Err(de::Error::custom(
+                "must not be empty (use enabled: false on a route to turn guarding off)",
+            ));
+        }
+        Ok(Methods(methods.into_iter().map(|m| m.0).collect()))
+    }
+}
+
+struct MethodName(Method);
+
+impl<'de> Deserialize<'de> for MethodName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "an HTTP method name";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        Method::from_bytes(text.trim().to_ascii_uppercase().as_bytes())
+            .map(MethodName)
+            .map_err(|_| de::Error::custom(format!("invalid HTTP method '{text}'")))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Status(pub(super) StatusCode);
+
+impl<'de> Deserialize<'de> for Status {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "an HTTP status code from 100 to 599";
+        let code = Scalar::read(d, EXPECTING)?.into_u64::<D::Error>(EXPECTING)?;
+        u16::try_from(code)
+            .ok()
+            .filter(|code| (100..=599).contains(code))
+            .and_then(|code| StatusCode::from_u16(code).ok())
+            .map(Status)
+            .ok_or_else(|| de::Error::custom(format!("expected {EXPECTING}, found {code}")))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct UpstreamUrl(pub(super) Uri);
+
+impl<'de> Deserialize<'de> for UpstreamUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a URL such as http://127.0.0.1:9000";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        parse_upstream_url(&text)
+            .map(UpstreamUrl)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// Parses `http://host[:port][/base]`, refusing what the proxy cannot honour.
+pub(super) fn parse_upstream_url(text: &str) -> Result<Uri, String> {
+    let text = text.trim();
+    let uri: Uri = text
+        .parse()
+        .map_err(|err| format!("invalid URL '{text}': {err}; expected http://host:port"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(format!(
+                "'{text}': TLS to the upstream is not supported; use an http:// URL \
+                 (idemgate runs next to the service it protects)"
+            ));
+        }
+        Some(scheme) => {
+            return Err(format!(
+                "unsupported scheme '{scheme}' in '{text}'; expected http://host:port"
+            ));
+        }
+        None => {
+            return Err(format!(
+                "'{text}' is not an absolute URL; expected http://host:port"
+            ));
+        }
+    }
+    let Some(authority) = uri.authority() else {
+        return Err(format!("'{text}' has no host; expected http://host:port"));
+    };
+    if authority.as_str().contains('@') {
+        return Err("credentials in the upstream URL are not supported".to_owned());
+    }
+    if authority.host().is_empty() {
+        return Err(format!("'{text}' has no host; expected http://host:port"));
+    }
+    if authority.port().is_some() && !matches!(authority.port_u16(), Some(1..)) {
+        return Err(format!("'{text}' has an invalid port; expected 1 to 65535"));
+    }
+    if uri.query().is_some() {
+        return Err(format!(
+            "'{text}' has a query string; the upstream URL takes none"
+        ));
+    }
+    let base = uri.path().trim_end_matches('/');
+    let path = if base.is_empty() { "/" } else { base };
+    Uri::builder()
+        .scheme("http")
+        .authority(authority.as_str())
+        .path_and_query(path)
+        .build()
+        .map_err(|err| format!("invalid URL '{text}': {err}"))
+}
+
+/// A `log.level`: a level, or an `EnvFilter`-style list of `target=level` directives.
+#[derive(Debug, Clone)]
+pub(super) struct LogLevel(pub(super) String);
+
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+impl<'de> Deserialize<'de> for LogLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a log level such as info";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        parse_log_level(&text)
+            .map(LogLevel)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// Accepts `info` (any case, stored lower-case) or `EnvFilter`-style directives such
+/// as `info,idemgate=debug,hyper=warn`, where every bare word is a level and every
+/// `target=` names one; span filters (`[...]`) are not accepted.
+fn parse_log_level(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let lower = text.to_ascii_lowercase();
+    if LEVELS.contains(&lower.as_str()) {
+        return Ok(lower);
+    }
+    let is_level = |s: &str| LEVELS.contains(&s.to_ascii_lowercase().as_str());
+    let is_target = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-'))
+    };
+    let valid = !text.is_empty()
+        && text
+            .split(',')
+            .all(|directive| match directive.trim().split_once('=') {
+                Some((target, level)) => is_target(target.trim()) && is_level(level.trim()),
+                // A bare word must be a level: EnvFilter would read `verbose` as a target
+                // at trace level, but here it is far more likely a misspelt level.
+                None => is_level(directive.trim()),
+            });
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "invalid log level '{text}'; expected one of trace, debug, info, warn, error \
+             or directives such as info,idemgate=debug"
+        ))
+    }
+}
+
+/// A closed set of names in the file, mapped to their typed values.
+pub(super) trait Choice: Copy + PartialEq + 'static {
+    const CHOICES: &'static [(&'static str, Self)];
+
+    /// The name printed by `to_yaml`, the one the parser accepts.
+    fn name(self) -> &'static str {
+        Self::CHOICES
+            .iter()
+            .find(|(_, value)| *value == self)
+            .map_or("?", |(name, _)| name)
+    }
+}
+
+impl Choice for StoreKind {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("memory", StoreKind::Memory), ("redis", StoreKind::Redis)];
+}
+impl Choice for OnUnavailable {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("reject", OnUnavailable::Reject),
+        ("pass_through", OnUnavailable::PassThrough),
+    ];
+}
+impl Choice for OnConcurrent {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("reject", OnConcurrent::Reject),
+        ("wait", OnConcurrent::Wait),
+    ];
+}
+impl Choice for OnUnknownOutcome {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("record", OnUnknownOutcome::Record),
+        ("release", OnUnknownOutcome::Release),
+    ];
+}
+impl Choice for LogFormat {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)];
+}
+
+/// One of `T::CHOICES`, reported as `unknown variant 'x', expected one of a, b`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pick<T>(pub(super) T);
+
+impl<'de, T: Choice> Deserialize<'de> for Pick<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let names = T::CHOICES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ");
+        match Scalar::read(d, "one of the listed names")? {
+            Scalar::Str(text) => T::CHOICES
+                .iter()
+                .find(|(name, _)| *name == text.trim())
+                .map(|(_, value)| Pick(*value))
+                .ok_or_else(|| {
+                    de::Error::custom(format!("unknown variant '{text}', expected one of {names}"))
+                }),
+            other => Err(de::Error::custom(format!(
+                "expected one of {names}, found {}",
+                other.describe()
+            ))),
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The store contract: every `Store` implementation must pass these. Each test is an
+//! async fn over a `Harness`, and the macro at the bottom instantiates all of them for
+//! each store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use idemgate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey, StoredBody};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Store};
+
+/// A store under test plus control over the time it sees.
+trait Harness {
+    type S: Store;
+    fn store(&self) -> &Arc<Self::S>;
+    /// Lets `d` pass on the store's clock.
+    async fn advance(&self, d: Duration);
+}
+
+const LEASE: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(60);
+
+fn key(n: u8) -> ScopedKey {
+    ScopedKey::from_bytes([n; 32])
+}
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+fn req(k: u8, token: OwnerToken) -> ClaimRequest {
+    ClaimRequest {
+        key: key(k),
+        fingerprint: fp(1),
+        token,
+        lease: LEASE,
+        ttl: TTL,
+    }
+}
+
+fn response(body: &'static [u8]) -> Arc<Completed> {
+    Arc::new(Completed {
+        fingerprint: fp(1),
+        status: StatusCode::CREATED,
+        headers: vec![(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )],
+        body: StoredBody::Stored(Bytes::from_static(body)),
+    })
+}
+
+async fn acquire<S: Store>(store: &S, k: u8) -> Lease {
+    match store
+        .claim(req(k, OwnerToken::random()))
+        .await
+        .expect("claim")
+    {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing { record, .. } => panic!("expected to acquire, found {record:?}"),
+    }
+}
+
+async fn existing<S: Store>(store: &S, k: u8) -> Record {
+    match store
+        .claim(req(k, OwnerToken::random()))
+        .await
+        .expect("claim")
+    {
+        Claim::Acquired(lease) => panic!("expected a record, acquired {lease:?}"),
+        Claim::Existing { record, .. } => record,
+    }
+}
+
+async fn first_claim_acquires_then_others_see_the_marker<H: Harness>(h: H) {
+    let s = h.store();
+    let token = OwnerToken::random();
+    let Claim::Acquired(lease) = s.claim(req(1, token)).await.expect("claim") else {
+        panic!("not acquired")
+    };
+    assert_eq!(lease.token, token);
+    match existing(&**s, 1).await {
+        Record::InFlight(m) => {
+            assert_eq!(m.token, token);
+            assert_eq!(m.fingerprint, fp(1));
+        }
+        other => panic!("expected in-flight, got {other:?}"),
+    }
+    // Other keys are independent.
+    let _ = acquire(&**s, 2).await;
+}
+
+async fn concurrent_claims_acquire_exactly_once<H: Harness>(h: H) {
+    let s = h.store();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let s = Arc::clone(s);
+        tasks.push(tokio::spawn(async move {
+            s.claim(req(7, OwnerToken::random())).await
+        }));
+    }
+    let mut acquired = 0;
+    for t in tasks {
+        if let Claim::Acquired(_) = t.await.expect("join").expect("claim") {
+            acquired += 1;
+        }
+    }
+    assert_eq!(acquired, 1);
+}
+
+async fn complete_then_claim_returns_the_record<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    assert_eq!(
+        s.complete(&lease, response(b"{\"id\":1}"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::Done
+    );
+    assert_eq!(
+        existing(&**s, 1).await,
+        Record::Completed(response(b"{\"id\":1}"))
+    );
+    // A second completion by the same owner finds no marker: the record is final.
+    assert_eq!(
+        s.complete(&lease, response(b"other"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        existing(&**s, 1).await,
+        Record::Completed(response(b"{\"id\":1}"))
+    );
+}
+
+async fn wrong_token_changes_nothing<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    let thief = Lease {
+        key: lease.key,
+        token: OwnerToken::random(),
+    };
+    assert_eq!(
+        s.complete(&thief, response(b"x"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
+    assert_eq!(
+        s.renew(&thief, LEASE).await.expect("renew"),
+        Fenced::LeaseLost
+    );
+    assert!(matches!(existing(&**s, 1).await, Record::InFlight(m) if m.token == lease.token));
+    // Operations on a key nobody claimed do nothing either.
+    let nobody = Lease {
+        key: key(9),
+        token: OwnerToken::random(),
+    };
+    assert_eq!(
+        s.release(&nobody).await.expect("release"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        s.complete(&nobody, response(b"x"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::LeaseLost
+    );
+    let _ = acquire(&**s, 9).await;
+}
+
+async fn release_lets_the_next_claim_acquire<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
+    assert_eq!(s.release(&lease).await.expect("release"), Fenced::LeaseLost);
+    let _ = acquire(&**s, 1).await;
+}
+
+async fn lease_expires_without_renewal<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    h.advance(LEASE - Duration::from_millis(100)).await;
+    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+        Claim::Existing {
+            record: Record::InFlight(m),
+            now_ms,
+        } => assert!(now_ms < m.lease_deadline_ms),
+        other => panic!("expected live marker, got {other:?}"),
+    }
+    h.advance(Duration::from_millis(200)).await;
+    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+        // The marker outlives its lease: its owner may have forwarded the request.
+        Claim::Existing {
+            record: Record::InFlight(m),
+            now_ms,
+        } => {
+            assert_eq!(m.token, lease.token);
+            assert!(now_ms >= m.lease_deadline_ms);
+        }
+        other => panic!("expected expired marker, got {other:?}"),
+    }
+}
+
+async fn renewal_extends_the_lease<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    for _ in 0..5 {
+        h.advance(LEASE / 2).await;
+        assert_eq!(s.renew(&lease, LEASE).await.expect("renew"), Fenced::Done);
+    }
+    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+        Claim::Existing {
+            record: Record::InFlight(m),
+            now_ms,
+        } => assert!(now_ms < m.lease_deadline_ms),
+        other => panic!("expected live marker, got {other:?}"),
+    }
+    assert_eq!(
+        s.complete(&lease, response(b"late"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::Done
+    );
+}
+
+async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
+    let s = h.store();
+    let old = acquire(&**s, 1).await;
+    let new_token = OwnerToken::random();
+    assert_eq!(
+        s.take_over(old.token, req(1, new_token))
+            .await
+            .expect("take over"),
+        None,
+        "lease still live"
+    );
+    h.advance(LEASE + Duration::from_millis(10)).await;
+    assert_eq!(
+        s.take_over(OwnerToken::random(), req(1, new_token))
+            .await
+            .expect("take over"),
+        None,
+        "wrong token"
+    );
+    let lease = s
+        .take_over(old.token, req(1, new_token))
+        .await
+        .expect("take over")
+        .expect("taken over");
+    assert_eq!(lease.token, new_token);
+    // The crashed owner is fenced out; the new owner records.
+    assert_eq!(
+        s.complete(&old, response(b"old"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(
+        s.complete(&lease, response(b"new"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::Done
+    );
+    assert_eq!(existing(&**s, 1).await, Record::Completed(response(b"new")));
+}
+
+async fn completed_records_expire_after_ttl<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = acquire(&**s, 1).await;
+    h.advance(Duration::from_secs(5)).await;
+    assert_eq!(
+        s.complete(&lease, response(b"x"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::Done
+    );
+    // The ttl counts from completion.
+    h.advance(TTL - Duration::from_secs(1)).await;
+    assert!(matches!(existing(&**s, 1).await, Record::Completed(_)));
+    h.advance(Duration::from_secs(2)).await;
+    let _ = acquire(&**s, 1).await;
+}
+
+async fn abandoned_markers_expire_after_ttl<H: Harness>(h: H) {
+    let s = h.store();
+    let _lease = acquire(&**s, 1).await;
+    h.advance(TTL + Duration::from_secs(1)).await;
+    let _ = acquire(&**s, 1).await;
+}
+
+async fn late_owner_cannot_overwrite_a_newer_claim<H: Harness>(h: H) {
+    let s = h.store();
+    let first = acquire(&**s, 1).await;
+    h.advance(LEASE + Duration::from_secs(1)).await;
+    let stale = first.token;
+    let second = s
+        .take_over(stale, req(1, OwnerToken::random()))
+        .await
+        .expect("take over")
+        .expect("taken");
+    assert_eq!(
+        s.renew(&first, LEASE).await.expect("renew"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(s.release(&first).await.expect("release"), Fenced::LeaseLost);
+    assert!(matches!(existing(&**s, 1).await, Record::InFlight(m) if m.token == second.token));
+}
+
+macro_rules! contract {
+    ($store:ident, $harness:expr) => {
+        mod $store {
+            use super::*;
+            contract!(@tests $harness;
+                first_claim_acquires_then_others_see_the_marker,
+                concurrent_claims_acquire_exactly_once,
+                complete_then_claim_returns_the_record,
+                wrong_token_changes_nothing,
+                release_lets_the_next_claim_acquire,
+                lease_expires_without_renewal,
+                renewal_extends_the_lease,
+                take_over_needs_the_stale_token_and_an_ended_lease,
+                completed_records_expire_after_ttl,
+                abandoned_markers_expire_after_ttl,
+                late_owner_cannot_overwrite_a_newer_claim,
+            );
+        }
+    };
+    (@tests $harness:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(start_paused = true)]
+            async fn $name() {
+                super::$name($harness).await;
+            }
+        )*
+    };
+}
+
+mod memory_harness {
+    use super::*;
+    use idemgate::store::MemoryStore;
+
+    pub(crate) struct Memory(Arc<MemoryStore>);
+
+    pub(crate) fn new() -> Memory {
+        Memory(Arc::new(MemoryStore::new(1000)))
+    }
+
+    impl Harness for Memory {
+        type S = MemoryStore;
+        fn store(&self) -> &Arc<MemoryStore> {
+            &self.0
+        }
+        async fn advance(&self, d: Duration) {
+            tokio::time::advance(d).await;
+        }
+    }
+}
+
+contract!(memory, memory_harness::new());
+
+/// Memory-store specifics: the bound of `max_entries`.
+mod memory_bounds {
+    use super::*;
+    use idemgate::store::{MemoryStore, StoreError};
+
+    #[tokio::test(start_paused = true)]
+    async fn evicts_completed_oldest_first_never_markers() {
+        let s = MemoryStore::new(3);
+        for k in 1..=2 {
+            let lease = acquire(&s, k).await;
+            assert_eq!(
+                s.complete(&lease, response(b"x"), TTL)
+                    .await
+                    .expect("complete"),
+                Fenced::Done
+            );
+        }
+        let _marker = acquire(&s, 3).await;
+        // Full: the oldest completed record (1) makes room.
+        let _ = acquire(&s, 4).await;
+        assert_eq!(s.evictions(), 1);
+        assert!(matches!(existing(&s, 2).await, Record::Completed(_)));
+        let _ = acquire(&s, 1).await;
+        assert!(matches!(existing(&s, 3).await, Record::InFlight(_)));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_of_markers_refuses_new_claims() {
+        let s = MemoryStore::new(2);
+        let _a = acquire(&s, 1).await;
+        let _b = acquire(&s, 2).await;
+        assert!(matches!(
+            s.claim(req(3, OwnerToken::random())).await,
+            Err(StoreError::Full)
+        ));
+        // Existing keys still answer.
+        assert!(matches!(existing(&s, 1).await, Record::InFlight(_)));
+        // Once the markers' ttl is over, they make room.
+        tokio::time::advance(TTL + LEASE).await;
+        let _ = acquire(&s, 3).await;
+    }
+}

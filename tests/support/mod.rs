@@ -1,0 +1,185 @@
+//! Real sockets for the tests: a counting upstream, the proxy, and a small client, all on
+//! 127.0.0.1:0. Everything started here is stopped when its handle is dropped.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemgate::config::Config;
+use idemgate::proxy::{AppState, Shutdown, serve};
+use idemgate::store::MemoryStore;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use upstream::Upstream;
+
+/// A proxy served in this process on a free port.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState<MemoryStore>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Shutdown>>,
+}
+
+impl Proxy {
+    /// Starts a proxy from YAML; `{upstream}` in it is replaced by the upstream's URL.
+    pub async fn start(yaml: &str, upstream: &Upstream) -> Proxy {
+        let yaml = yaml.replace("{upstream}", &upstream.url());
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
+        Self::with_config(config).await
+    }
+
+    pub async fn with_config(config: Config) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let config = Arc::new(config);
+        let store = MemoryStore::new(config.store.max_entries);
+        let state = Arc::new(AppState::new(config, store));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, Arc::clone(&state), async move {
+            let _ = stopped.await;
+        }));
+        Proxy {
+            addr,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Shuts down gracefully and reports how.
+    pub async fn stop(mut self) -> Shutdown {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task
+            .take()
+            .expect("running")
+            .await
+            .expect("serve task")
+    }
+
+    pub fn client(&self) -> TestClient {
+        TestClient::new(self.addr)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A minimal YAML config in front of `{upstream}`.
+pub const BASIC: &str = "upstream:\n  url: {upstream}\n";
+
+/// An answer as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// The problem slug of an RFC 9457 answer, checked for shape on the way.
+    pub fn problem(&self) -> String {
+        assert_eq!(
+            self.headers["content-type"],
+            "application/problem+json",
+            "{}",
+            self.text()
+        );
+        let json = self.json();
+        assert_eq!(json["status"], self.status.as_u16(), "{json}");
+        assert!(
+            json["title"].is_string() && json["detail"].is_string(),
+            "{json}"
+        );
+        let ty = json["type"].as_str().expect("type");
+        ty.rsplit('/').next().expect("slug").to_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+/// An HTTP/1.1 client to one address.
+#[derive(Clone)]
+pub struct TestClient {
+    addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl TestClient {
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).expect("method"))
+            .uri(format!("http://{}{}", self.addr, path));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req
+            .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
+            .expect("request");
+        let resp = self.client.request(req).await.expect("response");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// POST with an idempotency key.
+    pub async fn post(&self, path: &str, key: &str, body: &str) -> Resp {
+        self.send(
+            "POST",
+            path,
+            &[
+                ("idempotency-key", key),
+                ("content-type", "application/json"),
+            ],
+            body,
+        )
+        .await
+    }
+}
