@@ -80,6 +80,8 @@ impl Outcome {
 pub struct Metrics {
     requests: [AtomicU64; Outcome::ALL.len()],
     in_flight: AtomicI64,
+    /// Duplicates parked by `on_concurrent: wait`.
+    waiting: AtomicI64,
     /// Recordings that failed and were retried in the background.
     record_retries: AtomicU64,
     /// Woken on every count, so a test or a reader can wait for a condition.
@@ -113,21 +115,33 @@ impl Metrics {
         self.in_flight.load(Ordering::Relaxed)
     }
 
+    pub fn waiting(&self) -> i64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Counts a waiting duplicate for as long as the guard lives.
+    pub fn track_waiting(&self) -> Gauge<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+        Gauge(&self.waiting)
+    }
+
     pub fn record_retry(&self) {
         self.record_retries.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a forwarded request for as long as the guard lives.
-    pub fn track_in_flight(&self) -> InFlightGuard<'_> {
+    pub fn track_in_flight(&self) -> Gauge<'_> {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(&self.in_flight)
+        Gauge(&self.in_flight)
     }
 }
 
+/// Holds a gauge up by one while it lives.
 #[derive(Debug)]
-pub struct InFlightGuard<'a>(&'a AtomicI64);
+pub struct Gauge<'a>(&'a AtomicI64);
 
-impl Drop for InFlightGuard<'_> {
+impl Drop for Gauge<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

@@ -517,3 +517,84 @@ async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let _ = socket.read_to_end(&mut out).await;
     String::from_utf8_lossy(&out).into_owned()
 }
+
+const WAIT: &str =
+    "upstream:\n  url: {upstream}\nidempotency:\n  on_concurrent: wait\n  wait_timeout: 10s\n";
+
+#[tokio::test]
+async fn on_concurrent_wait_blocks_duplicates_until_the_first_completes_then_replays() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(WAIT, &up).await;
+    let c = proxy.client();
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/charges", "w", "{}").await }
+    });
+    up.wait_for(1).await;
+    let waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.post("/gate/charges", "w", "{}").await })
+        })
+        .collect();
+    proxy.state.metrics.wait_until(|m| m.waiting() == 5).await;
+    up.open_gate();
+    let first = first.await.expect("join");
+    assert_eq!(first.status, 201);
+    for w in waiters {
+        let r = w.await.expect("join");
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert!(r.replayed());
+        assert_eq!(r.body, first.body);
+    }
+    assert_eq!(up.count(), 1);
+    assert_eq!(proxy.state.metrics.requests(Outcome::InFlight), 0);
+}
+
+#[tokio::test]
+async fn on_concurrent_wait_hands_a_released_claim_to_one_waiter() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(WAIT, &up).await;
+    let c = proxy.client();
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/status/503", "rel", "{}").await }
+    });
+    up.wait_for(1).await;
+    let waiter = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/status/503", "rel", "{}").await }
+    });
+    // The waiter is parked on the key before the owner finishes.
+    proxy.state.metrics.wait_until(|m| m.waiting() == 1).await;
+    up.open_gate();
+    assert_eq!(first.await.expect("join").status, 503);
+    let second = waiter.await.expect("join");
+    assert_eq!(second.status, 503);
+    assert!(!second.replayed(), "the waiter executed after the release");
+    assert_eq!(up.count(), 2);
+}
+
+#[tokio::test]
+async fn on_concurrent_wait_gives_up_after_wait_timeout() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  on_concurrent: wait\n  wait_timeout: 150ms\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/charges", "slow", "{}").await }
+    });
+    up.wait_for(1).await;
+    let started = std::time::Instant::now();
+    let r = c.post("/gate/charges", "slow", "{}").await;
+    assert_eq!(r.status, 409);
+    assert_eq!(r.problem(), "in-flight");
+    assert!(
+        started.elapsed() >= Duration::from_millis(150),
+        "answered before wait_timeout"
+    );
+    up.open_gate();
+    assert_eq!(first.await.expect("join").status, 201);
+    assert_eq!(up.count(), 1);
+}

@@ -310,6 +310,49 @@ async fn late_owner_cannot_overwrite_a_newer_claim<H: Harness>(h: H) {
     assert!(matches!(existing(&**s, 1).await, Record::InFlight(m) if m.token == second.token));
 }
 
+async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
+    use idemgate::store::Watch;
+    let s = h.store();
+    let woken = |w: <H::S as Store>::Watch| async move {
+        tokio::time::timeout(Duration::from_secs(5), w.changed())
+            .await
+            .is_ok()
+    };
+    let lease = acquire(&**s, 1).await;
+    let w = s.watch(key(1)).await.expect("watch");
+    assert_eq!(
+        s.complete(&lease, response(b"x"), TTL)
+            .await
+            .expect("complete"),
+        Fenced::Done
+    );
+    assert!(woken(w).await, "complete wakes watchers");
+
+    let lease = acquire(&**s, 2).await;
+    let w = s.watch(key(2)).await.expect("watch");
+    assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
+    assert!(woken(w).await, "release wakes watchers");
+
+    let old = acquire(&**s, 3).await;
+    let w = s.watch(key(3)).await.expect("watch");
+    h.advance(LEASE + Duration::from_millis(10)).await;
+    let _new = s
+        .take_over(old.token, req(3, OwnerToken::random()))
+        .await
+        .expect("take over")
+        .expect("taken");
+    assert!(woken(w).await, "take-over wakes watchers");
+
+    // A watch on a key nobody touches stays asleep.
+    let _held = acquire(&**s, 4).await;
+    let w = s.watch(key(4)).await.expect("watch");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), w.changed())
+            .await
+            .is_err()
+    );
+}
+
 macro_rules! contract {
     ($store:ident, $harness:expr) => {
         mod $store {
@@ -326,6 +369,7 @@ macro_rules! contract {
                 completed_records_expire_after_ttl,
                 abandoned_markers_expire_after_ttl,
                 late_owner_cannot_overwrite_a_newer_claim,
+                watchers_wake_on_complete_release_and_take_over,
             );
         }
     };
@@ -366,6 +410,14 @@ contract!(memory, memory_harness::new());
 mod memory_bounds {
     use super::*;
     use idemgate::store::{MemoryStore, StoreError};
+
+    /// The contract runs on one paused thread; this one races real threads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_claims_on_real_threads_acquire_exactly_once() {
+        for _ in 0..20 {
+            super::concurrent_claims_acquire_exactly_once(super::memory_harness::new()).await;
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn evicts_completed_oldest_first_never_markers() {

@@ -19,8 +19,9 @@ pub enum Decision {
     Replay(Arc<Completed>),
     /// Answer with a problem; the store is left unchanged.
     Reject(Rejection),
-    /// `on_concurrent: wait`: block until the owner completes or releases.
-    Wait,
+    /// `on_concurrent: wait`: block until the owner completes or releases, or at most
+    /// until its lease ends (a crashed owner never says it is done).
+    Wait { lease_left: Duration },
     /// The owner's lease ended without an outcome: replace its marker (compare-and-set on
     /// `stale`) and then do `then`.
     TakeOver {
@@ -75,7 +76,9 @@ pub fn decide(
             OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
                 retry_after: retry_after(m.lease_deadline_ms - now_ms),
             }),
-            OnConcurrent::Wait => Decision::Wait,
+            OnConcurrent::Wait => Decision::Wait {
+                lease_left: Duration::from_millis(m.lease_deadline_ms - now_ms),
+            },
         },
     }
 }
@@ -168,7 +171,12 @@ mod tests {
                 retry_after: Duration::from_secs(1)
             })
         );
-        assert_eq!(d(&marker(10_000), &FP, 1_000, W, Rec), Decision::Wait);
+        assert_eq!(
+            d(&marker(10_000), &FP, 1_000, W, Rec),
+            Decision::Wait {
+                lease_left: Duration::from_secs(9)
+            }
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
@@ -21,7 +21,7 @@ use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, StoredBody, decide,
 };
 use crate::metrics::Outcome;
-use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError};
+use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -152,9 +152,17 @@ async fn guarded<S: Store>(
     req: Guarded,
 ) -> Result<Reply, ProxyError> {
     let policy = state.policy(id);
-    // A take-over can lose a race with another request; then the key has moved on and a
-    // fresh claim sees its new state. Two rounds settle any race but a pathological one.
-    for _ in 0..3 {
+    let in_flight = || ProxyError::InFlight {
+        retry_after: Duration::from_secs(1),
+    };
+    // `on_concurrent: wait`: subscribed before the key is read again, and waited on
+    // until this deadline.
+    let mut watch: Option<S::Watch> = None;
+    let mut wait_until: Option<tokio::time::Instant> = None;
+    // A take-over can lose a race with another request; the key has then moved on and
+    // a fresh claim sees its new state. A few rounds settle any but a pathological race.
+    let mut races = 0;
+    loop {
         let claim = ClaimRequest {
             key: req.scoped,
             fingerprint: req.fingerprint,
@@ -176,7 +184,7 @@ async fn guarded<S: Store>(
                         policy,
                     );
                 }
-                return store_unavailable(state, policy, err, req).await;
+                return store_unavailable(state, err, req).await;
             }
         };
         match decide(
@@ -190,17 +198,34 @@ async fn guarded<S: Store>(
                 return Ok(Reply::new(Outcome::Replayed, replay_response(&completed)));
             }
             Decision::Reject(rejection) => return Err(rejection.into()),
-            // Waiting for the owner is not built yet: answer as `reject` would.
-            Decision::Wait => {
-                return Err(ProxyError::InFlight {
-                    retry_after: std::time::Duration::from_secs(1),
-                });
+            Decision::Wait { lease_left } => {
+                let deadline = *wait_until
+                    .get_or_insert_with(|| tokio::time::Instant::now() + policy.wait_timeout);
+                match watch.take() {
+                    None => match state.store_call(state.store.watch(req.scoped)).await {
+                        Ok(w) => watch = Some(w),
+                        Err(err) => return store_unavailable(state, err, req).await,
+                    },
+                    Some(w) => {
+                        if tokio::time::Instant::now() >= deadline {
+                            return Err(in_flight());
+                        }
+                        // A crashed owner never says it is done: look again when its lease ends.
+                        let wake = deadline.min(tokio::time::Instant::now() + lease_left);
+                        let _waiting = state.metrics.track_waiting();
+                        let _ = tokio::time::timeout_at(wake, w.changed()).await;
+                    }
+                }
             }
             Decision::TakeOver { stale, then } => {
                 let lease = match state.store_call(state.store.take_over(stale, claim)).await {
                     Ok(Some(lease)) => lease,
-                    Ok(None) => continue,
-                    Err(err) => return store_unavailable(state, policy, err, req).await,
+                    Ok(None) if races < 3 => {
+                        races += 1;
+                        continue;
+                    }
+                    Ok(None) => return Err(in_flight()),
+                    Err(err) => return store_unavailable(state, err, req).await,
                 };
                 return match then {
                     AfterTakeOver::Forward => Ok(exchange::execute(state, id, lease, req).await),
@@ -211,9 +236,6 @@ async fn guarded<S: Store>(
             }
         }
     }
-    Err(ProxyError::InFlight {
-        retry_after: std::time::Duration::from_secs(1),
-    })
 }
 
 /// SPEC §8 "Orphaned claims": a claim that timed out may still have been written. Once
@@ -223,13 +245,13 @@ fn release_orphan<S: Store>(state: &Arc<AppState<S>>, lease: Lease, policy: &Pol
     let state = Arc::clone(state);
     let give_up = tokio::time::Instant::now() + policy.lease;
     state.tasks.clone().spawn(async move {
-        let mut pause = std::time::Duration::from_millis(50);
+        let mut pause = Duration::from_millis(50);
         while tokio::time::Instant::now() < give_up {
             match state.store_call(state.store.release(&lease)).await {
                 Ok(_) => return,
                 Err(_) => {
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                    pause = (pause * 2).min(Duration::from_secs(1));
                 }
             }
         }
@@ -239,11 +261,9 @@ fn release_orphan<S: Store>(state: &Arc<AppState<S>>, lease: Lease, policy: &Pol
 /// The store failed: `on_unavailable` decides.
 async fn store_unavailable<S: Store>(
     state: &Arc<AppState<S>>,
-    policy: &Policy,
     err: StoreError,
     req: Guarded,
 ) -> Result<Reply, ProxyError> {
-    let _ = policy;
     match state.config.store.on_unavailable {
         OnUnavailable::Reject => Err(ProxyError::StoreUnavailable(err)),
         OnUnavailable::PassThrough => {

@@ -7,7 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use std::pin::Pin;
+
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
 use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
 
 /// The store's notion of "now", injectable so tests control time.
@@ -60,9 +65,18 @@ struct Inner {
     /// Completed records by completion order: the eviction queue.
     order: BTreeMap<u64, ScopedKey>,
     next_seq: u64,
+    /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
+    watchers: HashMap<ScopedKey, Arc<Notify>>,
 }
 
 impl Inner {
+    /// Wakes everyone watching `key`.
+    fn changed(&mut self, key: &ScopedKey) {
+        if let Some(notify) = self.watchers.remove(key) {
+            notify.notify_waiters();
+        }
+    }
+
     fn remove(&mut self, key: &ScopedKey) {
         if let Some(Slot { seq: Some(seq), .. }) = self.map.remove(key) {
             self.order.remove(&seq);
@@ -156,7 +170,19 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// A registered wake-up for one key of the memory store.
+#[derive(Debug)]
+pub struct MemoryWatch(Pin<Box<OwnedNotified>>);
+
+impl Watch for MemoryWatch {
+    async fn changed(self) {
+        self.0.await;
+    }
+}
+
 impl<C: Clock> Store for MemoryStore<C> {
+    type Watch = MemoryWatch;
+
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.clock.now_ms();
         let mut inner = self.lock();
@@ -199,6 +225,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         };
         inner.next_seq += 1;
         inner.order.insert(seq, lease.key);
+        inner.changed(&lease.key);
         Ok(Fenced::Done)
     }
 
@@ -209,6 +236,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             return Ok(Fenced::LeaseLost);
         }
         inner.remove(&lease.key);
+        inner.changed(&lease.key);
         Ok(Fenced::Done)
     }
 
@@ -241,10 +269,19 @@ impl<C: Clock> Store for MemoryStore<C> {
             return Ok(None);
         }
         *slot = Self::marker(&req, now);
+        inner.changed(&req.key);
         Ok(Some(Lease {
             key: req.key,
             token: req.token,
         }))
+    }
+
+    async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
+        let notify = Arc::clone(self.lock().watchers.entry(key).or_default());
+        let mut notified = Box::pin(notify.notified_owned());
+        // Registered now, so a change before the first poll still wakes it.
+        notified.as_mut().enable();
+        Ok(MemoryWatch(notified))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -68,6 +68,8 @@ pub enum StoreError {
 /// The operations the engine needs from a store. Every mutation after a claim is
 /// owner-checked against the lease's token.
 pub trait Store: Send + Sync + 'static {
+    type Watch: Watch;
+
     /// Atomically: if nothing is stored under the key, write an in-flight marker and
     /// return `Acquired`; otherwise return what is there.
     fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
@@ -98,6 +100,18 @@ pub trait Store: Send + Sync + 'static {
         req: ClaimRequest,
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
 
+    /// Subscribes to the next change of `key` (completed, released, taken over). Call it
+    /// before re-reading the key, so that a change in between is not missed.
+    fn watch(&self, key: ScopedKey)
+    -> impl Future<Output = Result<Self::Watch, StoreError>> + Send;
+
     /// Cheap liveness check for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// A subscription to one key's next change, from [`Store::watch`].
+pub trait Watch: Send + 'static {
+    /// Resolves when the key changed after the subscription was made. May also resolve
+    /// spuriously; callers re-read the key either way.
+    fn changed(self) -> impl Future<Output = ()> + Send;
 }

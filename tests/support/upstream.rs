@@ -1,6 +1,7 @@
 //! A real upstream on 127.0.0.1:0 that counts and logs what reaches it.
 //!
-//! Behaviour by path: `/gate...` holds the answer until the test opens the gate;
+//! Behaviour by path: a `/gate` prefix holds the answer until the test opens the gate,
+//! then the rest of the path decides;
 //! `/status/NNN` answers NNN; `/big/N` answers N bytes; `/reset` reads the request and
 //! drops the connection; `/hang` never answers; anything else answers 201 with a JSON
 //! body naming the execution number.
@@ -140,10 +141,18 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full
         seen.len()
     };
     shared.arrived.notify_waiters();
-    if path.starts_with("/gate") {
-        let permit = shared.gate.acquire().await.map_err(|_| Reset)?;
-        permit.forget();
-    }
+    let path = match path.strip_prefix("/gate") {
+        Some(rest) => {
+            let permit = shared.gate.acquire().await.map_err(|_| Reset)?;
+            permit.forget();
+            if rest.is_empty() {
+                "/".to_owned()
+            } else {
+                rest.to_owned()
+            }
+        }
+        None => path,
+    };
     if path == "/reset" {
         return Err(Reset);
     }
