@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs what the tests need (redis-server),
+# then runs every test. Used by the README and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_redis() { ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; }
+if need_redis; then
+  echo "installing redis-server (the Redis store tests start their own servers)"
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+# The packaged service is not used; tests start servers on free ports.
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --all-targets --no-fail-fast "$@"
+  cargo test --doc --quiet
+else
+  cargo test --all-targets --no-fail-fast "$@"
+fi
