@@ -9,7 +9,7 @@ use clap::Parser;
 
 use crate::config::{Config, LogFormat, StoreKind};
 use crate::proxy::{AppState, Shutdown, serve};
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, RedisStore, Store};
 
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
 #[derive(Debug, Parser)]
@@ -35,8 +35,8 @@ enum CliError {
     Config(#[from] crate::config::ConfigError),
     #[error("no configuration: give --config PATH (or IDEMGATE_CONFIG), or --upstream URL")]
     NoConfig,
-    #[error("store.kind: redis is not supported by this build yet")]
-    RedisUnsupported,
+    #[error("store: {0}")]
+    Store(#[source] crate::store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -120,13 +120,49 @@ async fn run(config: Config) -> Result<Shutdown, CliError> {
             addr: config.listen,
             source,
         })?;
-    let store = match config.store.kind {
-        StoreKind::Memory => MemoryStore::new(config.store.max_entries),
-        StoreKind::Redis => return Err(CliError::RedisUnsupported),
-    };
-    tracing::info!(listen = %config.listen, upstream = %config.upstream.url, "idemgate serving");
+    match config.store.kind {
+        StoreKind::Memory => {
+            let store = MemoryStore::new(config.store.max_entries);
+            Ok(run_with(listener, config, store).await)
+        }
+        StoreKind::Redis => {
+            let store = Arc::new(RedisStore::new(&config.store).map_err(CliError::Store)?);
+            tokio::spawn(check_redis(
+                Arc::clone(&store),
+                config.store.redacted_urls(),
+            ));
+            Ok(run_with(listener, config, store).await)
+        }
+    }
+}
+
+async fn run_with<S: Store>(
+    listener: tokio::net::TcpListener,
+    config: Arc<Config>,
+    store: S,
+) -> Shutdown {
+    tracing::info!(
+        listen = %config.listen,
+        upstream = %config.upstream.url,
+        store = ?config.store.kind,
+        "idemgate serving"
+    );
     let state = Arc::new(AppState::new(Arc::clone(&config), store));
-    Ok(serve(listener, state, shutdown_signal()).await)
+    serve(listener, state, shutdown_signal()).await
+}
+
+/// Start-up check of SPEC §5: warn loudly when Redis may evict records. Redis being
+/// down is not fatal: requests follow `on_unavailable` and `/readyz` reports it.
+async fn check_redis(store: Arc<RedisStore>, urls: Vec<String>) {
+    match store.eviction_warning().await {
+        Ok(None) => tracing::info!(?urls, "redis reachable; maxmemory-policy is noeviction"),
+        Ok(Some(warning)) => tracing::warn!(?urls, "{warning}"),
+        Err(err) => tracing::warn!(
+            ?urls,
+            error = %err,
+            "could not read Redis maxmemory-policy (unreachable, or CONFIG is disabled); make sure it is noeviction"
+        ),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -2,6 +2,8 @@
 //! async fn over a `Harness`, and the macro at the bottom instantiates all of them for
 //! each store.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,6 +18,44 @@ trait Harness {
     fn store(&self) -> &Arc<Self::S>;
     /// Lets `d` pass on the store's clock.
     async fn advance(&self, d: Duration);
+    /// The lease and ttl the tests claim with: long on a paused clock, short where time
+    /// is real (a Redis server keeps its own clock).
+    fn lease(&self) -> Duration;
+    fn ttl(&self) -> Duration;
+
+    fn req(&self, k: u8, token: OwnerToken) -> ClaimRequest {
+        ClaimRequest {
+            key: key(k),
+            fingerprint: fp(1),
+            token,
+            lease: self.lease(),
+            ttl: self.ttl(),
+        }
+    }
+
+    async fn acquire(&self, k: u8) -> Lease {
+        match self
+            .store()
+            .claim(self.req(k, OwnerToken::random()))
+            .await
+            .expect("claim")
+        {
+            Claim::Acquired(lease) => lease,
+            Claim::Existing { record, .. } => panic!("expected to acquire, found {record:?}"),
+        }
+    }
+
+    async fn existing(&self, k: u8) -> Record {
+        match self
+            .store()
+            .claim(self.req(k, OwnerToken::random()))
+            .await
+            .expect("claim")
+        {
+            Claim::Acquired(lease) => panic!("expected a record, acquired {lease:?}"),
+            Claim::Existing { record, .. } => record,
+        }
+    }
 }
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -27,16 +67,6 @@ fn key(n: u8) -> ScopedKey {
 
 fn fp(n: u8) -> Fingerprint {
     Fingerprint::from_bytes([n; 32])
-}
-
-fn req(k: u8, token: OwnerToken) -> ClaimRequest {
-    ClaimRequest {
-        key: key(k),
-        fingerprint: fp(1),
-        token,
-        lease: LEASE,
-        ttl: TTL,
-    }
 }
 
 fn response(body: &'static [u8]) -> Arc<Completed> {
@@ -51,36 +81,14 @@ fn response(body: &'static [u8]) -> Arc<Completed> {
     })
 }
 
-async fn acquire<S: Store>(store: &S, k: u8) -> Lease {
-    match store
-        .claim(req(k, OwnerToken::random()))
-        .await
-        .expect("claim")
-    {
-        Claim::Acquired(lease) => lease,
-        Claim::Existing { record, .. } => panic!("expected to acquire, found {record:?}"),
-    }
-}
-
-async fn existing<S: Store>(store: &S, k: u8) -> Record {
-    match store
-        .claim(req(k, OwnerToken::random()))
-        .await
-        .expect("claim")
-    {
-        Claim::Acquired(lease) => panic!("expected a record, acquired {lease:?}"),
-        Claim::Existing { record, .. } => record,
-    }
-}
-
 async fn first_claim_acquires_then_others_see_the_marker<H: Harness>(h: H) {
     let s = h.store();
     let token = OwnerToken::random();
-    let Claim::Acquired(lease) = s.claim(req(1, token)).await.expect("claim") else {
+    let Claim::Acquired(lease) = s.claim(h.req(1, token)).await.expect("claim") else {
         panic!("not acquired")
     };
     assert_eq!(lease.token, token);
-    match existing(&**s, 1).await {
+    match h.existing(1).await {
         Record::InFlight(m) => {
             assert_eq!(m.token, token);
             assert_eq!(m.fingerprint, fp(1));
@@ -88,7 +96,7 @@ async fn first_claim_acquires_then_others_see_the_marker<H: Harness>(h: H) {
         other => panic!("expected in-flight, got {other:?}"),
     }
     // Other keys are independent.
-    let _ = acquire(&**s, 2).await;
+    let _ = h.acquire(2).await;
 }
 
 async fn concurrent_claims_acquire_exactly_once<H: Harness>(h: H) {
@@ -96,9 +104,8 @@ async fn concurrent_claims_acquire_exactly_once<H: Harness>(h: H) {
     let mut tasks = Vec::new();
     for _ in 0..64 {
         let s = Arc::clone(s);
-        tasks.push(tokio::spawn(async move {
-            s.claim(req(7, OwnerToken::random())).await
-        }));
+        let req = h.req(7, OwnerToken::random());
+        tasks.push(tokio::spawn(async move { s.claim(req).await }));
     }
     let mut acquired = 0;
     for t in tasks {
@@ -111,49 +118,49 @@ async fn concurrent_claims_acquire_exactly_once<H: Harness>(h: H) {
 
 async fn complete_then_claim_returns_the_record<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
+    let lease = h.acquire(1).await;
     assert_eq!(
-        s.complete(&lease, response(b"{\"id\":1}"), TTL)
+        s.complete(&lease, response(b"{\"id\":1}"), h.ttl())
             .await
             .expect("complete"),
         Fenced::Done
     );
     assert_eq!(
-        existing(&**s, 1).await,
+        h.existing(1).await,
         Record::Completed(response(b"{\"id\":1}"))
     );
     // A second completion by the same owner finds no marker: the record is final.
     assert_eq!(
-        s.complete(&lease, response(b"other"), TTL)
+        s.complete(&lease, response(b"other"), h.ttl())
             .await
             .expect("complete"),
         Fenced::LeaseLost
     );
     assert_eq!(
-        existing(&**s, 1).await,
+        h.existing(1).await,
         Record::Completed(response(b"{\"id\":1}"))
     );
 }
 
 async fn wrong_token_changes_nothing<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
+    let lease = h.acquire(1).await;
     let thief = Lease {
         key: lease.key,
         token: OwnerToken::random(),
     };
     assert_eq!(
-        s.complete(&thief, response(b"x"), TTL)
+        s.complete(&thief, response(b"x"), h.ttl())
             .await
             .expect("complete"),
         Fenced::LeaseLost
     );
     assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
     assert_eq!(
-        s.renew(&thief, LEASE).await.expect("renew"),
+        s.renew(&thief, h.lease()).await.expect("renew"),
         Fenced::LeaseLost
     );
-    assert!(matches!(existing(&**s, 1).await, Record::InFlight(m) if m.token == lease.token));
+    assert!(matches!(h.existing(1).await, Record::InFlight(m) if m.token == lease.token));
     // Operations on a key nobody claimed do nothing either.
     let nobody = Lease {
         key: key(9),
@@ -164,35 +171,43 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         Fenced::LeaseLost
     );
     assert_eq!(
-        s.complete(&nobody, response(b"x"), TTL)
+        s.complete(&nobody, response(b"x"), h.ttl())
             .await
             .expect("complete"),
         Fenced::LeaseLost
     );
-    let _ = acquire(&**s, 9).await;
+    let _ = h.acquire(9).await;
 }
 
 async fn release_lets_the_next_claim_acquire<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
+    let lease = h.acquire(1).await;
     assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
     assert_eq!(s.release(&lease).await.expect("release"), Fenced::LeaseLost);
-    let _ = acquire(&**s, 1).await;
+    let _ = h.acquire(1).await;
 }
 
 async fn lease_expires_without_renewal<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
-    h.advance(LEASE - Duration::from_millis(100)).await;
-    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+    let lease = h.acquire(1).await;
+    h.advance(h.lease() - h.lease() / 5).await;
+    match s
+        .claim(h.req(1, OwnerToken::random()))
+        .await
+        .expect("claim")
+    {
         Claim::Existing {
             record: Record::InFlight(m),
             now_ms,
         } => assert!(now_ms < m.lease_deadline_ms),
         other => panic!("expected live marker, got {other:?}"),
     }
-    h.advance(Duration::from_millis(200)).await;
-    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+    h.advance(h.lease() / 2).await;
+    match s
+        .claim(h.req(1, OwnerToken::random()))
+        .await
+        .expect("claim")
+    {
         // The marker outlives its lease: its owner may have forwarded the request.
         Claim::Existing {
             record: Record::InFlight(m),
@@ -207,12 +222,19 @@ async fn lease_expires_without_renewal<H: Harness>(h: H) {
 
 async fn renewal_extends_the_lease<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
+    let lease = h.acquire(1).await;
     for _ in 0..5 {
-        h.advance(LEASE / 2).await;
-        assert_eq!(s.renew(&lease, LEASE).await.expect("renew"), Fenced::Done);
+        h.advance(h.lease() / 2).await;
+        assert_eq!(
+            s.renew(&lease, h.lease()).await.expect("renew"),
+            Fenced::Done
+        );
     }
-    match s.claim(req(1, OwnerToken::random())).await.expect("claim") {
+    match s
+        .claim(h.req(1, OwnerToken::random()))
+        .await
+        .expect("claim")
+    {
         Claim::Existing {
             record: Record::InFlight(m),
             now_ms,
@@ -220,7 +242,7 @@ async fn renewal_extends_the_lease<H: Harness>(h: H) {
         other => panic!("expected live marker, got {other:?}"),
     }
     assert_eq!(
-        s.complete(&lease, response(b"late"), TTL)
+        s.complete(&lease, response(b"late"), h.ttl())
             .await
             .expect("complete"),
         Fenced::Done
@@ -229,85 +251,84 @@ async fn renewal_extends_the_lease<H: Harness>(h: H) {
 
 async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
     let s = h.store();
-    let old = acquire(&**s, 1).await;
+    let old = h.acquire(1).await;
     let new_token = OwnerToken::random();
     assert_eq!(
-        s.take_over(old.token, req(1, new_token))
+        s.take_over(old.token, h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "lease still live"
     );
-    h.advance(LEASE + Duration::from_millis(10)).await;
+    h.advance(h.lease() + h.lease() / 10).await;
     assert_eq!(
-        s.take_over(OwnerToken::random(), req(1, new_token))
+        s.take_over(OwnerToken::random(), h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "wrong token"
     );
     let lease = s
-        .take_over(old.token, req(1, new_token))
+        .take_over(old.token, h.req(1, new_token))
         .await
         .expect("take over")
         .expect("taken over");
     assert_eq!(lease.token, new_token);
     // The crashed owner is fenced out; the new owner records.
     assert_eq!(
-        s.complete(&old, response(b"old"), TTL)
+        s.complete(&old, response(b"old"), h.ttl())
             .await
             .expect("complete"),
         Fenced::LeaseLost
     );
     assert_eq!(
-        s.complete(&lease, response(b"new"), TTL)
+        s.complete(&lease, response(b"new"), h.ttl())
             .await
             .expect("complete"),
         Fenced::Done
     );
-    assert_eq!(existing(&**s, 1).await, Record::Completed(response(b"new")));
+    assert_eq!(h.existing(1).await, Record::Completed(response(b"new")));
 }
 
 async fn completed_records_expire_after_ttl<H: Harness>(h: H) {
     let s = h.store();
-    let lease = acquire(&**s, 1).await;
-    h.advance(Duration::from_secs(5)).await;
+    let lease = h.acquire(1).await;
+    h.advance(h.lease() / 2).await;
     assert_eq!(
-        s.complete(&lease, response(b"x"), TTL)
+        s.complete(&lease, response(b"x"), h.ttl())
             .await
             .expect("complete"),
         Fenced::Done
     );
     // The ttl counts from completion.
-    h.advance(TTL - Duration::from_secs(1)).await;
-    assert!(matches!(existing(&**s, 1).await, Record::Completed(_)));
-    h.advance(Duration::from_secs(2)).await;
-    let _ = acquire(&**s, 1).await;
+    h.advance(h.ttl() - h.ttl() / 5).await;
+    assert!(matches!(h.existing(1).await, Record::Completed(_)));
+    h.advance(h.ttl() * 2 / 5).await;
+    let _ = h.acquire(1).await;
 }
 
 async fn abandoned_markers_expire_after_ttl<H: Harness>(h: H) {
-    let s = h.store();
-    let _lease = acquire(&**s, 1).await;
-    h.advance(TTL + Duration::from_secs(1)).await;
-    let _ = acquire(&**s, 1).await;
+    let _lease = h.acquire(1).await;
+    h.advance(h.ttl() + h.ttl() / 5).await;
+    let _ = h.acquire(1).await;
 }
 
 async fn late_owner_cannot_overwrite_a_newer_claim<H: Harness>(h: H) {
     let s = h.store();
-    let first = acquire(&**s, 1).await;
-    h.advance(LEASE + Duration::from_secs(1)).await;
+    let first = h.acquire(1).await;
+    h.advance(h.lease() + h.lease() / 5).await;
     let stale = first.token;
     let second = s
-        .take_over(stale, req(1, OwnerToken::random()))
+        .take_over(stale, h.req(1, OwnerToken::random()))
         .await
         .expect("take over")
         .expect("taken");
     assert_eq!(
-        s.renew(&first, LEASE).await.expect("renew"),
+        s.renew(&first, h.lease()).await.expect("renew"),
         Fenced::LeaseLost
     );
     assert_eq!(s.release(&first).await.expect("release"), Fenced::LeaseLost);
-    assert!(matches!(existing(&**s, 1).await, Record::InFlight(m) if m.token == second.token));
+    assert!(matches!(h.existing(1).await, Record::InFlight(m) if m.token == second.token));
 }
 
 async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
@@ -318,33 +339,33 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
             .await
             .is_ok()
     };
-    let lease = acquire(&**s, 1).await;
+    let lease = h.acquire(1).await;
     let w = s.watch(key(1)).await.expect("watch");
     assert_eq!(
-        s.complete(&lease, response(b"x"), TTL)
+        s.complete(&lease, response(b"x"), h.ttl())
             .await
             .expect("complete"),
         Fenced::Done
     );
     assert!(woken(w).await, "complete wakes watchers");
 
-    let lease = acquire(&**s, 2).await;
+    let lease = h.acquire(2).await;
     let w = s.watch(key(2)).await.expect("watch");
     assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
     assert!(woken(w).await, "release wakes watchers");
 
-    let old = acquire(&**s, 3).await;
+    let old = h.acquire(3).await;
     let w = s.watch(key(3)).await.expect("watch");
-    h.advance(LEASE + Duration::from_millis(10)).await;
+    h.advance(h.lease() + h.lease() / 10).await;
     let _new = s
-        .take_over(old.token, req(3, OwnerToken::random()))
+        .take_over(old.token, h.req(3, OwnerToken::random()))
         .await
         .expect("take over")
         .expect("taken");
     assert!(woken(w).await, "take-over wakes watchers");
 
     // A watch on a key nobody touches stays asleep.
-    let _held = acquire(&**s, 4).await;
+    let _held = h.acquire(4).await;
     let w = s.watch(key(4)).await.expect("watch");
     assert!(
         tokio::time::timeout(Duration::from_millis(50), w.changed())
@@ -354,10 +375,10 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
 }
 
 macro_rules! contract {
-    ($store:ident, $harness:expr) => {
+    ($store:ident, $harness:expr, $test:meta) => {
         mod $store {
             use super::*;
-            contract!(@tests $harness;
+            contract!(@tests $harness, $test;
                 first_claim_acquires_then_others_see_the_marker,
                 concurrent_claims_acquire_exactly_once,
                 complete_then_claim_returns_the_record,
@@ -373,9 +394,9 @@ macro_rules! contract {
             );
         }
     };
-    (@tests $harness:expr; $($name:ident),* $(,)?) => {
+    (@tests $harness:expr, $test:meta; $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(start_paused = true)]
+            #[$test]
             async fn $name() {
                 super::$name($harness).await;
             }
@@ -387,7 +408,7 @@ mod memory_harness {
     use super::*;
     use idemgate::store::MemoryStore;
 
-    pub(crate) struct Memory(Arc<MemoryStore>);
+    pub(crate) struct Memory(pub(crate) Arc<MemoryStore>);
 
     pub(crate) fn new() -> Memory {
         Memory(Arc::new(MemoryStore::new(1000)))
@@ -401,10 +422,66 @@ mod memory_harness {
         async fn advance(&self, d: Duration) {
             tokio::time::advance(d).await;
         }
+        fn lease(&self) -> Duration {
+            LEASE
+        }
+        fn ttl(&self) -> Duration {
+            TTL
+        }
     }
 }
 
-contract!(memory, memory_harness::new());
+contract!(
+    memory,
+    memory_harness::new(),
+    tokio::test(start_paused = true)
+);
+
+mod redis_harness {
+    use super::*;
+    use idemgate::config::Config;
+    use idemgate::store::RedisStore;
+    use support::redis::RedisServer;
+
+    /// A store on its own redis-server, stopped with the harness.
+    pub(crate) struct Redis {
+        store: Arc<RedisStore>,
+        _server: RedisServer,
+    }
+
+    pub(crate) async fn new() -> Redis {
+        let server = RedisServer::start().await;
+        let yaml = format!(
+            "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: redis\n  url: {}\n",
+            server.url()
+        );
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
+        let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+        Redis {
+            store,
+            _server: server,
+        }
+    }
+
+    impl Harness for Redis {
+        type S = RedisStore;
+        fn store(&self) -> &Arc<RedisStore> {
+            &self.store
+        }
+        /// Redis keeps its own clock: time has to really pass.
+        async fn advance(&self, d: Duration) {
+            tokio::time::sleep(d).await;
+        }
+        fn lease(&self) -> Duration {
+            Duration::from_millis(500)
+        }
+        fn ttl(&self) -> Duration {
+            Duration::from_millis(1500)
+        }
+    }
+}
+
+contract!(redis, redis_harness::new().await, tokio::test);
 
 /// Memory-store specifics: the bound of `max_entries`.
 mod memory_bounds {
@@ -421,9 +498,10 @@ mod memory_bounds {
 
     #[tokio::test(start_paused = true)]
     async fn evicts_completed_oldest_first_never_markers() {
-        let s = MemoryStore::new(3);
+        let h = super::memory_harness::Memory(Arc::new(MemoryStore::new(3)));
+        let s = h.store();
         for k in 1..=2 {
-            let lease = acquire(&s, k).await;
+            let lease = h.acquire(k).await;
             assert_eq!(
                 s.complete(&lease, response(b"x"), TTL)
                     .await
@@ -431,29 +509,30 @@ mod memory_bounds {
                 Fenced::Done
             );
         }
-        let _marker = acquire(&s, 3).await;
+        let _marker = h.acquire(3).await;
         // Full: the oldest completed record (1) makes room.
-        let _ = acquire(&s, 4).await;
+        let _ = h.acquire(4).await;
         assert_eq!(s.evictions(), 1);
-        assert!(matches!(existing(&s, 2).await, Record::Completed(_)));
-        let _ = acquire(&s, 1).await;
-        assert!(matches!(existing(&s, 3).await, Record::InFlight(_)));
+        assert!(matches!(h.existing(2).await, Record::Completed(_)));
+        let _ = h.acquire(1).await;
+        assert!(matches!(h.existing(3).await, Record::InFlight(_)));
         assert_eq!(s.len(), 3);
     }
 
     #[tokio::test(start_paused = true)]
     async fn full_of_markers_refuses_new_claims() {
-        let s = MemoryStore::new(2);
-        let _a = acquire(&s, 1).await;
-        let _b = acquire(&s, 2).await;
+        let h = super::memory_harness::Memory(Arc::new(MemoryStore::new(2)));
+        let s = h.store();
+        let _a = h.acquire(1).await;
+        let _b = h.acquire(2).await;
         assert!(matches!(
-            s.claim(req(3, OwnerToken::random())).await,
+            s.claim(h.req(3, OwnerToken::random())).await,
             Err(StoreError::Full)
         ));
         // Existing keys still answer.
-        assert!(matches!(existing(&s, 1).await, Record::InFlight(_)));
+        assert!(matches!(h.existing(1).await, Record::InFlight(_)));
         // Once the markers' ttl is over, they make room.
         tokio::time::advance(TTL + LEASE).await;
-        let _ = acquire(&s, 3).await;
+        let _ = h.acquire(3).await;
     }
 }

@@ -25,6 +25,8 @@ use super::Fingerprint;
 pub const FORMAT_V1: u8 = 1;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
+/// Length of an encoded in-flight marker.
+pub const IN_FLIGHT_LEN: usize = 58;
 /// Byte range of the owner token inside an encoded in-flight marker.
 pub const TOKEN_RANGE: std::ops::Range<usize> = 34..50;
 
@@ -102,13 +104,20 @@ pub enum DecodeError {
 
 impl InFlight {
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(58);
-        out.put_u8(FORMAT_V1);
-        out.put_u8(KIND_IN_FLIGHT);
-        out.put_slice(self.fingerprint.as_bytes());
-        out.put_slice(self.token.as_bytes());
+        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN);
+        out.put_slice(&Self::head(&self.fingerprint, &self.token));
         out.put_u64(self.lease_deadline_ms);
         out.freeze()
+    }
+
+    /// A marker without its lease deadline, which a store fills in from its own clock.
+    pub fn head(fingerprint: &Fingerprint, token: &OwnerToken) -> [u8; IN_FLIGHT_LEN - 8] {
+        let mut head = [0u8; IN_FLIGHT_LEN - 8];
+        head[0] = FORMAT_V1;
+        head[1] = KIND_IN_FLIGHT;
+        head[2..34].copy_from_slice(fingerprint.as_bytes());
+        head[TOKEN_RANGE].copy_from_slice(token.as_bytes());
+        head
     }
 }
 

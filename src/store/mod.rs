@@ -9,8 +9,10 @@ use std::time::Duration;
 use crate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey};
 
 pub mod memory;
+pub mod redis;
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// What a claim attempt is for.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +63,8 @@ pub enum StoreError {
     Full,
     #[error("the store is unreachable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("the store answered something unexpected: {0}")]
+    Protocol(&'static str),
     #[error("the store returned a record that cannot be decoded")]
     Corrupt(#[source] crate::idempotency::record::DecodeError),
 }
@@ -114,4 +118,53 @@ pub trait Watch: Send + 'static {
     /// Resolves when the key changed after the subscription was made. May also resolve
     /// spuriously; callers re-read the key either way.
     fn changed(self) -> impl Future<Output = ()> + Send;
+}
+
+/// A shared store is a store: lets one `RedisStore` serve the proxy and the start-up check.
+impl<T: Store> Store for Arc<T> {
+    type Watch = T::Watch;
+
+    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        (**self).claim(req)
+    }
+
+    fn complete(
+        &self,
+        lease: &Lease,
+        record: Arc<Completed>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        (**self).complete(lease, record, ttl)
+    }
+
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        (**self).release(lease)
+    }
+
+    fn renew(
+        &self,
+        lease: &Lease,
+        lease_for: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        (**self).renew(lease, lease_for)
+    }
+
+    fn take_over(
+        &self,
+        stale: OwnerToken,
+        req: ClaimRequest,
+    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
+        (**self).take_over(stale, req)
+    }
+
+    fn watch(
+        &self,
+        key: ScopedKey,
+    ) -> impl Future<Output = Result<Self::Watch, StoreError>> + Send {
+        (**self).watch(key)
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).ping()
+    }
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod redis;
 pub mod upstream;
 
 use std::net::SocketAddr;

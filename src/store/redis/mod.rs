@@ -1,0 +1,435 @@
+//! The Redis store: shared state for any number of replicas (SPEC §5).
+//!
+//! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
+//! cluster slot. The hot path is one script call per replay and two per first execution
+//! (claim, complete); the owner-checked scripts run by SHA and are reloaded by redis-rs
+//! after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe to a per-key channel over
+//! RESP3 on the same multiplexed connection; the scripts publish on it when the key
+//! changes.
+
+mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
+use tokio::sync::OnceCell;
+
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use crate::config::StoreConfig;
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
+pub use watch::RedisWatch;
+use watch::Watchers;
+
+const PRELUDE: &str = include_str!("owned.lua");
+
+/// The scripts, hashed once.
+#[derive(Debug)]
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+    take_over: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let owned = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Self {
+            claim: Script::new(include_str!("claim.lua")),
+            complete: owned(include_str!("complete.lua")),
+            release: owned(include_str!("release.lua")),
+            renew: owned(include_str!("renew.lua")),
+            take_over: owned(include_str!("take_over.lua")),
+        }
+    }
+}
+
+/// A single server or a cluster, behind one connection-like handle.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How the store reaches Redis. A cluster connection is made on first use, so that
+/// idemgate starts (and reports not ready) while the cluster is unreachable.
+enum Backend {
+    Single(ConnectionManager),
+    Cluster(Box<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Single(_) => "Backend::Single",
+            Backend::Cluster(_) => "Backend::Cluster",
+        })
+    }
+}
+
+#[derive(Debug)]
+pub struct RedisStore {
+    backend: Backend,
+    prefix: String,
+    scripts: Scripts,
+    watchers: Arc<Watchers>,
+}
+
+fn unavailable(err: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(Box::new(err))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisStore {
+    /// Builds the client without connecting: the first request (or `/readyz`) connects,
+    /// and a Redis that is down at start-up does not stop idemgate from starting.
+    pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        let watchers = Arc::new(Watchers::default());
+        let sender = watch::PushDispatch(Arc::clone(&watchers));
+        // Redis answers slower than this only when it is in trouble; the per-call deadline
+        // (store.timeout) is enforced by the caller, this only frees stuck slots.
+        let response_timeout = (config.timeout * 4).max(Duration::from_secs(2));
+        let backend = if config.cluster {
+            let client = ClusterClient::builder(config.urls.iter().map(String::as_str))
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(sender)
+                .connection_timeout(config.timeout)
+                .response_timeout(response_timeout)
+                .retries(2)
+                .build()
+                .map_err(unavailable)?;
+            Backend::Cluster(Box::new(LazyCluster {
+                client,
+                conn: OnceCell::new(),
+            }))
+        } else {
+            let url = config
+                .urls
+                .first()
+                .map_or("redis://127.0.0.1:6379/0", String::as_str);
+            let mut info =
+                redis::IntoConnectionInfo::into_connection_info(url).map_err(unavailable)?;
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(ProtocolVersion::RESP3);
+            info = info.set_redis_settings(settings);
+            let client = redis::Client::open(info).map_err(unavailable)?;
+            let manager_config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.timeout))
+                .set_response_timeout(Some(response_timeout))
+                .set_min_delay(Duration::from_millis(20))
+                .set_max_delay(Duration::from_millis(500))
+                .set_number_of_retries(2)
+                .set_push_sender(sender)
+                .set_automatic_resubscription();
+            let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
+                .map_err(unavailable)?;
+            Backend::Single(manager)
+        };
+        Ok(Self {
+            backend,
+            prefix: config.key_prefix.clone(),
+            scripts: Scripts::new(),
+            watchers,
+        })
+    }
+
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        match &self.backend {
+            Backend::Single(manager) => Ok(Conn::Single(manager.clone())),
+            Backend::Cluster(lazy) => {
+                let conn = lazy
+                    .conn
+                    .get_or_try_init(|| lazy.client.get_async_connection())
+                    .await
+                    .map_err(unavailable)?;
+                Ok(Conn::Cluster(conn.clone()))
+            }
+        }
+    }
+
+    /// The Redis key of a record: exactly `key_prefix` + 64 hex characters.
+    pub fn record_key(&self, key: &ScopedKey) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + 64);
+        out.push_str(&self.prefix);
+        out.push_str(&key.to_hex());
+        out
+    }
+
+    /// Where changes of a key are announced to waiters.
+    fn channel(&self, key: &ScopedKey) -> String {
+        let mut out = self.record_key(key);
+        out.push_str(":changed");
+        out
+    }
+
+    /// Reads `maxmemory-policy` and says whether it may evict records early. `Ok(None)`
+    /// when the policy is safe (`noeviction`).
+    pub async fn eviction_warning(&self) -> Result<Option<String>, StoreError> {
+        let mut conn = self.conn().await?;
+        let reply: Value = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let policy = config_value(&reply).unwrap_or_default();
+        Ok(eviction_risk(&policy))
+    }
+
+    async fn owner_checked(
+        &self,
+        script: &Script,
+        key: &ScopedKey,
+        args: &[&[u8]],
+    ) -> Result<Fenced, StoreError> {
+        let mut conn = self.conn().await?;
+        let mut invocation = script.key(self.record_key(key));
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let done: i64 = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(if done == 1 {
+            Fenced::Done
+        } else {
+            Fenced::LeaseLost
+        })
+    }
+}
+
+/// `CONFIG GET` answers a map under RESP3 and a flat list under RESP2.
+fn config_value(reply: &Value) -> Option<String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    match reply {
+        Value::Map(pairs) => pairs.first().and_then(|(_, v)| text(v)),
+        Value::Array(items) => items.get(1).and_then(text),
+        _ => None,
+    }
+}
+
+/// Every record has a TTL, so any eviction policy but `noeviction` may drop a record or
+/// an in-flight marker before its time, and a retry would execute again.
+pub fn eviction_risk(policy: &str) -> Option<String> {
+    match policy {
+        "noeviction" => None,
+        p if p.starts_with("allkeys-") => Some(format!(
+            "Redis maxmemory-policy is '{p}': under memory pressure Redis evicts idempotency records and in-flight markers, and retries of those keys execute again; set maxmemory-policy to noeviction"
+        )),
+        p => Some(format!(
+            "Redis maxmemory-policy is '{p}': every idempotency record has a TTL, so under memory pressure Redis may evict records before their ttl and retries would execute again; set maxmemory-policy to noeviction"
+        )),
+    }
+}
+
+impl Store for RedisStore {
+    type Watch = RedisWatch;
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let mut conn = self.conn().await?;
+        let head = InFlight::head(&req.fingerprint, &req.token);
+        let reply: Value = self
+            .scripts
+            .claim
+            .key(self.record_key(&req.key))
+            .arg(&head[..])
+            .arg(millis(req.lease))
+            .arg(millis(req.ttl.max(req.lease)))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match reply {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(1)] => Ok(Claim::Acquired(Lease {
+                    key: req.key,
+                    token: req.token,
+                })),
+                [Value::Int(0), Value::BulkString(record), Value::Int(now)] => {
+                    let record = Record::decode(Bytes::copy_from_slice(record))
+                        .map_err(StoreError::Corrupt)?;
+                    Ok(Claim::Existing {
+                        record,
+                        now_ms: u64::try_from(*now).unwrap_or(0),
+                    })
+                }
+                _ => Err(StoreError::Protocol("unexpected claim reply")),
+            },
+            _ => Err(StoreError::Protocol("unexpected claim reply")),
+        }
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        record: Arc<Completed>,
+        ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let encoded = record.encode();
+        let ttl = millis(ttl).to_string();
+        let channel = self.channel(&lease.key);
+        let args: [&[u8]; 4] = [
+            lease.token.as_bytes(),
+            &encoded,
+            ttl.as_bytes(),
+            channel.as_bytes(),
+        ];
+        self.owner_checked(&self.scripts.complete, &lease.key, &args)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+        let channel = self.channel(&lease.key);
+        self.owner_checked(
+            &self.scripts.release,
+            &lease.key,
+            &[lease.token.as_bytes(), channel.as_bytes()],
+        )
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
+        let ms = millis(lease_for).to_string();
+        self.owner_checked(
+            &self.scripts.renew,
+            &lease.key,
+            &[lease.token.as_bytes(), ms.as_bytes()],
+        )
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        stale: OwnerToken,
+        req: ClaimRequest,
+    ) -> Result<Option<Lease>, StoreError> {
+        let head = InFlight::head(&req.fingerprint, &req.token);
+        let lease = millis(req.lease).to_string();
+        let ttl = millis(req.ttl.max(req.lease)).to_string();
+        let channel = self.channel(&req.key);
+        let args: [&[u8]; 5] = [
+            stale.as_bytes(),
+            &head,
+            lease.as_bytes(),
+            ttl.as_bytes(),
+            channel.as_bytes(),
+        ];
+        Ok(
+            match self
+                .owner_checked(&self.scripts.take_over, &req.key, &args)
+                .await?
+            {
+                Fenced::Done => Some(Lease {
+                    key: req.key,
+                    token: req.token,
+                }),
+                Fenced::LeaseLost => None,
+            },
+        )
+    }
+
+    async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
+        let channel = self.channel(&key);
+        let conn = self.conn().await?;
+        let watch = self.watchers.register(channel.clone(), conn.clone());
+        // Subscribing again to a channel this connection already has is a no-op for
+        // Redis, and waiting for the confirmation here means no publish is missed.
+        let result = match conn {
+            Conn::Single(mut c) => c.subscribe(&channel).await,
+            Conn::Cluster(mut c) => c.subscribe(&channel).await,
+        };
+        result.map_err(unavailable)?;
+        Ok(watch)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn().await?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_noeviction_is_safe() {
+        assert_eq!(eviction_risk("noeviction"), None);
+        for p in [
+            "allkeys-lru",
+            "allkeys-random",
+            "volatile-lru",
+            "volatile-ttl",
+        ] {
+            let warning = eviction_risk(p).expect("a warning");
+            assert!(
+                warning.contains("maxmemory-policy") && warning.contains(p),
+                "{warning}"
+            );
+        }
+    }
+
+    #[test]
+    fn config_get_replies_in_both_protocols() {
+        let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            config_value(&Value::Array(vec![b("maxmemory-policy"), b("noeviction")])).as_deref(),
+            Some("noeviction")
+        );
+        assert_eq!(
+            config_value(&Value::Map(vec![(b("maxmemory-policy"), b("allkeys-lru"))])).as_deref(),
+            Some("allkeys-lru")
+        );
+    }
+}

@@ -1,0 +1,13 @@
+-- renew: KEYS[1]; ARGV[1] token; ARGV[2] lease ms. The record's ttl is kept, but never
+-- shorter than the new lease.
+local v = redis.call('GET', KEYS[1])
+if not owned(v, ARGV[1]) then
+  return 0
+end
+local lease = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.sub(v, 1, 50) .. be64(now_ms() + lease), 'KEEPTTL')
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl >= 0 and pttl < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+end
+return 1
