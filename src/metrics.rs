@@ -84,6 +84,10 @@ pub struct Metrics {
     waiting: AtomicI64,
     /// Recordings that failed and were retried in the background.
     record_retries: AtomicU64,
+    /// Background recordings that landed after the client had its answer.
+    late_records: AtomicU64,
+    /// Claims whose call timed out, released once the store answered again.
+    orphans_released: AtomicU64,
     /// Woken on every count, so a test or a reader can wait for a condition.
     changed: tokio::sync::Notify,
 }
@@ -128,6 +132,28 @@ impl Metrics {
 
     pub fn record_retry(&self) {
         self.record_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_retries(&self) -> u64 {
+        self.record_retries.load(Ordering::Relaxed)
+    }
+
+    pub fn late_record(&self) {
+        self.late_records.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    pub fn late_records(&self) -> u64 {
+        self.late_records.load(Ordering::Relaxed)
+    }
+
+    pub fn orphan_released(&self) {
+        self.orphans_released.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    pub fn orphans_released(&self) -> u64 {
+        self.orphans_released.load(Ordering::Relaxed)
     }
 
     /// Counts a forwarded request for as long as the guard lives.

@@ -306,7 +306,10 @@ impl<S: Store> Keeper<S> {
                 )
                 .await
             {
-                Ok(Fenced::Done) => return,
+                Ok(Fenced::Done) => {
+                    self.state.metrics.late_record();
+                    return;
+                }
                 Ok(Fenced::LeaseLost) => {
                     self.state.metrics.count(Outcome::LeaseLost);
                     let _ = lease_lost();

@@ -21,7 +21,7 @@ use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, StoredBody, decide,
 };
 use crate::metrics::Outcome;
-use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
+use crate::store::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -248,7 +248,12 @@ fn release_orphan<S: Store>(state: &Arc<AppState<S>>, lease: Lease, policy: &Pol
         let mut pause = Duration::from_millis(50);
         while tokio::time::Instant::now() < give_up {
             match state.store_call(state.store.release(&lease)).await {
-                Ok(_) => return,
+                Ok(Fenced::Done) => {
+                    state.metrics.orphan_released();
+                    return;
+                }
+                // Never written, or already gone.
+                Ok(Fenced::LeaseLost) => return,
                 Err(_) => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));

@@ -79,6 +79,8 @@ pub trait Store: Send + Sync + 'static {
     fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Replace the caller's marker with the completed response, kept for `ttl`.
+    /// Idempotent: repeating it after it landed (a retry after a timed-out call) is
+    /// `Done`; a different record over it is `LeaseLost`.
     fn complete(
         &self,
         lease: &Lease,

@@ -17,7 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idemgate::config::Config;
 use idemgate::proxy::{AppState, Shutdown, serve};
-use idemgate::store::MemoryStore;
+use idemgate::store::{MemoryStore, RedisStore, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -25,14 +25,14 @@ use tokio::task::JoinHandle;
 pub use upstream::Upstream;
 
 /// A proxy served in this process on a free port.
-pub struct Proxy {
+pub struct Proxy<S: Store = MemoryStore> {
     pub addr: SocketAddr,
-    pub state: Arc<AppState<MemoryStore>>,
+    pub state: Arc<AppState<S>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Shutdown>>,
 }
 
-impl Proxy {
+impl Proxy<MemoryStore> {
     /// Starts a proxy from YAML; `{upstream}` in it is replaced by the upstream's URL.
     pub async fn start(yaml: &str, upstream: &Upstream) -> Proxy {
         let yaml = yaml.replace("{upstream}", &upstream.url());
@@ -41,10 +41,26 @@ impl Proxy {
     }
 
     pub async fn with_config(config: Config) -> Proxy {
+        let store = MemoryStore::new(config.store.max_entries);
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl Proxy<Arc<RedisStore>> {
+    /// A proxy on the Redis store that the config names.
+    pub async fn redis(yaml: &str, upstream: &Upstream) -> Self {
+        let yaml = yaml.replace("{upstream}", &upstream.url());
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
+        let store = Arc::new(RedisStore::new(&config.store).expect("redis store"));
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl<S: Store> Proxy<S> {
+    pub async fn with_store(config: Config, store: S) -> Proxy<S> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let config = Arc::new(config);
-        let store = MemoryStore::new(config.store.max_entries);
         let state = Arc::new(AppState::new(config, store));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, Arc::clone(&state), async move {
@@ -75,7 +91,7 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
+impl<S: Store> Drop for Proxy<S> {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
