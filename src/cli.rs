@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use clap::Parser;
 
+use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind};
 use crate::proxy::{AppState, Shutdown, serve};
 use crate::store::{MemoryStore, RedisStore, Store};
+use tokio_util::sync::CancellationToken;
 
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
 #[derive(Debug, Parser)]
@@ -148,7 +150,25 @@ async fn run_with<S: Store>(
         "idemgate serving"
     );
     let state = Arc::new(AppState::new(Arc::clone(&config), store));
-    serve(listener, state, shutdown_signal()).await
+    let admin_stop = CancellationToken::new();
+    if let Some(addr) = config.admin.listen {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(admin) => {
+                tracing::info!(admin = %addr, "admin listening: /healthz /readyz /metrics");
+                tokio::spawn(serve_admin(
+                    admin,
+                    Arc::clone(&state),
+                    admin_stop.clone().cancelled_owned(),
+                ));
+            }
+            // The proxy is what clients depend on; a taken admin port must not take it down.
+            Err(err) => tracing::error!(admin = %addr, error = %err, "admin listener not started"),
+        }
+    }
+    let outcome = serve(listener, state, shutdown_signal()).await;
+    // Health and metrics stay up while in-flight requests drain.
+    admin_stop.cancel();
+    outcome
 }
 
 /// Start-up check of SPEC §5: warn loudly when Redis may evict records. Redis being

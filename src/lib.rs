@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //!
+//! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
 //! - [`config`]: YAML file -> raw serde structs -> validated, typed [`config::Config`].
 //! - [`error`]: the errors the proxy answers itself and their one status table.
 //! - [`idempotency`]: the pure engine: keys, fingerprints, records, the decision table.
@@ -11,6 +12,7 @@
 //! - [`metrics`]: request outcomes and counters.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod error;

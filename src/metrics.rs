@@ -1,7 +1,14 @@
-//! What the proxy counts. Counters are plain atomics on the hot path; the admin listener
-//! renders them.
+//! What the proxy counts, exposed on the admin listener's `/metrics` through
+//! prometheus-client.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 
 /// How a request ended, one label value of `idemgate_requests_total{outcome=...}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,25 +83,161 @@ impl Outcome {
     }
 }
 
-#[derive(Debug, Default)]
+/// A store operation, one label value of `idemgate_store_duration_seconds{op=...}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    Claim,
+    Complete,
+    Release,
+    Renew,
+    TakeOver,
+    Watch,
+    Ping,
+}
+
+impl StoreOp {
+    pub const ALL: [StoreOp; 7] = [
+        StoreOp::Claim,
+        StoreOp::Complete,
+        StoreOp::Release,
+        StoreOp::Renew,
+        StoreOp::TakeOver,
+        StoreOp::Watch,
+        StoreOp::Ping,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Complete => "complete",
+            StoreOp::Release => "release",
+            StoreOp::Renew => "renew",
+            StoreOp::TakeOver => "take_over",
+            StoreOp::Watch => "watch",
+            StoreOp::Ping => "ping",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+fn store_histogram() -> Histogram {
+    // 100 µs .. ~3 s: a local Redis answers in well under a millisecond.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// Every metric of `/metrics`. The families live in the registry for rendering; the hot
+/// path holds a handle per label value, so counting is one atomic operation.
+#[derive(Debug)]
 pub struct Metrics {
-    requests: [AtomicU64; Outcome::ALL.len()],
-    in_flight: AtomicI64,
+    registry: Registry,
+    requests: [Counter; Outcome::ALL.len()],
+    store_ops: [Histogram; StoreOp::ALL.len()],
+    upstream: Histogram,
+    in_flight: Gauge,
     /// Duplicates parked by `on_concurrent: wait`.
-    waiting: AtomicI64,
+    waiting: Gauge,
     /// Recordings that failed and were retried in the background.
-    record_retries: AtomicU64,
+    record_retries: Counter,
     /// Background recordings that landed after the client had its answer.
-    late_records: AtomicU64,
+    late_records: Counter,
     /// Claims whose call timed out, released once the store answered again.
-    orphans_released: AtomicU64,
+    orphans_released: Counter,
     /// Woken on every count, so a test or a reader can wait for a condition.
     changed: tokio::sync::Notify,
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests_family = Family::<OutcomeLabel, Counter>::default();
+        let requests = Outcome::ALL.map(|o| {
+            requests_family.get_or_create_owned(&OutcomeLabel {
+                outcome: o.as_str(),
+            })
+        });
+        registry.register(
+            "idemgate_requests",
+            "Requests by how they ended",
+            requests_family,
+        );
+        let store_family =
+            Family::<OpLabel, Histogram, fn() -> Histogram>::new_with_constructor(store_histogram);
+        let store_ops =
+            StoreOp::ALL.map(|op| store_family.get_or_create_owned(&OpLabel { op: op.as_str() }));
+        registry.register_with_unit(
+            "idemgate_store_duration",
+            "Store operation latency",
+            Unit::Seconds,
+            store_family,
+        );
+        let upstream = Histogram::new(exponential_buckets(0.0005, 2.0, 18));
+        registry.register_with_unit(
+            "idemgate_upstream_duration",
+            "Upstream exchange latency, to the end of the response body for guarded requests",
+            Unit::Seconds,
+            upstream.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "idemgate_in_flight",
+            "Requests being handled",
+            in_flight.clone(),
+        );
+        let waiting = Gauge::default();
+        registry.register(
+            "idemgate_waiting",
+            "Duplicates waiting for the first request (on_concurrent: wait)",
+            waiting.clone(),
+        );
+        let record_retries = Counter::default();
+        registry.register(
+            "idemgate_record_retries",
+            "Recordings retried after a store failure",
+            record_retries.clone(),
+        );
+        let late_records = Counter::default();
+        registry.register(
+            "idemgate_late_records",
+            "Recordings that landed after the response was sent",
+            late_records.clone(),
+        );
+        let orphans_released = Counter::default();
+        registry.register(
+            "idemgate_orphans_released",
+            "Timed-out claims released once the store answered",
+            orphans_released.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            store_ops,
+            upstream,
+            in_flight,
+            waiting,
+            record_retries,
+            late_records,
+            orphans_released,
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
     pub fn count(&self, outcome: Outcome) {
-        self.requests[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        self.requests[outcome.index()].inc();
         self.changed.notify_waiters();
     }
 
@@ -112,64 +255,85 @@ impl Metrics {
     }
 
     pub fn requests(&self, outcome: Outcome) -> u64 {
-        self.requests[outcome.index()].load(Ordering::Relaxed)
+        self.requests[outcome.index()].get()
+    }
+
+    pub fn observe_store(&self, op: StoreOp, elapsed: Duration) {
+        self.store_ops[op as usize].observe(elapsed.as_secs_f64());
+    }
+
+    pub fn observe_upstream(&self, elapsed: Duration) {
+        self.upstream.observe(elapsed.as_secs_f64());
     }
 
     pub fn in_flight(&self) -> i64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.get()
+    }
+
+    /// Counts a request being handled for as long as the guard lives.
+    pub fn track_in_flight(&self) -> GaugeGuard<'_> {
+        self.in_flight.inc();
+        GaugeGuard(&self.in_flight)
     }
 
     pub fn waiting(&self) -> i64 {
-        self.waiting.load(Ordering::Relaxed)
+        self.waiting.get()
     }
 
     /// Counts a waiting duplicate for as long as the guard lives.
-    pub fn track_waiting(&self) -> Gauge<'_> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
+    pub fn track_waiting(&self) -> GaugeGuard<'_> {
+        self.waiting.inc();
         self.changed.notify_waiters();
-        Gauge(&self.waiting)
+        GaugeGuard(&self.waiting)
     }
 
     pub fn record_retry(&self) {
-        self.record_retries.fetch_add(1, Ordering::Relaxed);
+        self.record_retries.inc();
     }
 
     pub fn record_retries(&self) -> u64 {
-        self.record_retries.load(Ordering::Relaxed)
+        self.record_retries.get()
     }
 
     pub fn late_record(&self) {
-        self.late_records.fetch_add(1, Ordering::Relaxed);
+        self.late_records.inc();
         self.changed.notify_waiters();
     }
 
     pub fn late_records(&self) -> u64 {
-        self.late_records.load(Ordering::Relaxed)
+        self.late_records.get()
     }
 
     pub fn orphan_released(&self) {
-        self.orphans_released.fetch_add(1, Ordering::Relaxed);
+        self.orphans_released.inc();
         self.changed.notify_waiters();
     }
 
     pub fn orphans_released(&self) -> u64 {
-        self.orphans_released.load(Ordering::Relaxed)
+        self.orphans_released.get()
     }
 
-    /// Counts a forwarded request for as long as the guard lives.
-    pub fn track_in_flight(&self) -> Gauge<'_> {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        Gauge(&self.in_flight)
+    /// The Prometheus (OpenMetrics) text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Adds a metric whose value lives elsewhere (a store's own counters).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
     }
 }
 
 /// Holds a gauge up by one while it lives.
 #[derive(Debug)]
-pub struct Gauge<'a>(&'a AtomicI64);
+pub struct GaugeGuard<'a>(&'a Gauge);
 
-impl Drop for Gauge<'_> {
+impl Drop for GaugeGuard<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.dec();
     }
 }
 
@@ -179,7 +343,7 @@ mod tests {
 
     #[test]
     fn every_outcome_has_its_own_counter_and_label() {
-        let m = Metrics::default();
+        let m = Metrics::new();
         for (i, o) in Outcome::ALL.iter().enumerate() {
             assert_eq!(o.index(), i);
             m.count(*o);
@@ -188,5 +352,27 @@ mod tests {
             Outcome::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(labels.len(), Outcome::ALL.len());
         assert!(Outcome::ALL.iter().all(|o| m.requests(*o) == 1));
+        let text = m.render();
+        assert!(
+            text.contains("idemgate_requests_total{outcome=\"forwarded\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn renders_the_metrics_spec_names() {
+        let m = Metrics::new();
+        m.observe_store(StoreOp::Claim, Duration::from_millis(1));
+        m.observe_upstream(Duration::from_millis(3));
+        let _g = m.track_in_flight();
+        let text = m.render();
+        for needle in [
+            "idemgate_store_duration_seconds_bucket{le=",
+            "idemgate_store_duration_seconds_count{op=\"claim\"} 1",
+            "idemgate_upstream_duration_seconds_count 1",
+            "idemgate_in_flight 1",
+        ] {
+            assert!(text.contains(needle), "{needle} missing in:\n{text}");
+        }
     }
 }

@@ -18,7 +18,7 @@ use super::{AppState, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::{BoxError, ProxyError, UnknownCause};
 use crate::idempotency::{Completed, Fingerprint, StoredBody};
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, StoreOp};
 use crate::store::{Fenced, Lease, Store};
 
 /// Spawns the exchange and waits for its answer.
@@ -31,7 +31,6 @@ pub(super) async fn execute<S: Store>(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task_state = Arc::clone(state);
     state.tasks.spawn(async move {
-        let _in_flight = task_state.metrics.track_in_flight();
         let mut reply = run(&task_state, id, lease, req).await;
         // Counted here: the client may be gone, the outcome is recorded either way.
         task_state.metrics.count(reply.outcome);
@@ -84,7 +83,10 @@ impl<S: Store> Keeper<S> {
         let asked = Instant::now();
         match self
             .state
-            .store_call(self.state.store.renew(&self.lease, self.lease_for))
+            .store_call(
+                StoreOp::Renew,
+                self.state.store.renew(&self.lease, self.lease_for),
+            )
             .await
         {
             Ok(Fenced::Done) => self.expires = asked + self.lease_for,
@@ -120,12 +122,16 @@ async fn run<S: Store>(
         req.peer,
         ProxyBody::full(req.body),
     );
+    let upstream_started = Instant::now();
     let sent = keeper
         .renewing(tokio::time::timeout_at(
             deadline,
             state.client.request(request),
         ))
         .await;
+    if !matches!(sent, Ok(Ok(_))) {
+        state.metrics.observe_upstream(upstream_started.elapsed());
+    }
     let response = match sent {
         Err(_) => {
             return unknown(keeper, policy, req.fingerprint, UnknownCause::Timeout, None).await;
@@ -156,6 +162,7 @@ async fn run<S: Store>(
     if policy.release_statuses.contains(&head.status) {
         // The upstream refused before doing work; free the key before answering so that
         // an immediate retry executes.
+        state.metrics.observe_upstream(upstream_started.elapsed());
         keeper.release().await;
         return Reply::new(
             Outcome::Released,
@@ -168,6 +175,7 @@ async fn run<S: Store>(
             collect_capped(body, policy.max_response_body),
         ))
         .await;
+    state.metrics.observe_upstream(upstream_started.elapsed());
     let (stored, to_client) = match collected {
         Err(_) => {
             return unknown(keeper, policy, req.fingerprint, UnknownCause::Timeout, None).await;
@@ -271,7 +279,10 @@ impl<S: Store> Keeper<S> {
         let record = Arc::new(record);
         let state = &self.state;
         match state
-            .store_call(state.store.complete(&self.lease, Arc::clone(&record), ttl))
+            .store_call(
+                StoreOp::Complete,
+                state.store.complete(&self.lease, Arc::clone(&record), ttl),
+            )
             .await
         {
             Ok(Fenced::Done) => Outcome::Forwarded,
@@ -300,6 +311,7 @@ impl<S: Store> Keeper<S> {
             match self
                 .state
                 .store_call(
+                    StoreOp::Complete,
                     self.state
                         .store
                         .complete(&self.lease, Arc::clone(&record), ttl),
@@ -323,7 +335,10 @@ impl<S: Store> Keeper<S> {
     /// Frees the key so that a retry executes, consuming the lease.
     async fn release(self) {
         let state = &self.state;
-        match state.store_call(state.store.release(&self.lease)).await {
+        match state
+            .store_call(StoreOp::Release, state.store.release(&self.lease))
+            .await
+        {
             Ok(Fenced::Done) => {}
             Ok(Fenced::LeaseLost) => tracing::warn!("claim already lost when releasing it"),
             Err(err) => {

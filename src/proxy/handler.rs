@@ -20,7 +20,7 @@ use crate::idempotency::key::parse_key;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, StoredBody, decide,
 };
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, StoreOp};
 use crate::store::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -51,6 +51,7 @@ pub async fn handle<S: Store>(
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let _in_flight = state.metrics.track_in_flight();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let reply = match route(&state, req, peer).await {
@@ -170,7 +171,10 @@ async fn guarded<S: Store>(
             lease: policy.lease,
             ttl: policy.ttl,
         };
-        let (record, now_ms) = match state.store_call(state.store.claim(claim)).await {
+        let (record, now_ms) = match state
+            .store_call(StoreOp::Claim, state.store.claim(claim))
+            .await
+        {
             Ok(Claim::Acquired(lease)) => return Ok(exchange::execute(state, id, lease, req).await),
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(err) => {
@@ -202,7 +206,10 @@ async fn guarded<S: Store>(
                 let deadline = *wait_until
                     .get_or_insert_with(|| tokio::time::Instant::now() + policy.wait_timeout);
                 match watch.take() {
-                    None => match state.store_call(state.store.watch(req.scoped)).await {
+                    None => match state
+                        .store_call(StoreOp::Watch, state.store.watch(req.scoped))
+                        .await
+                    {
                         Ok(w) => watch = Some(w),
                         Err(err) => return store_unavailable(state, err, req).await,
                     },
@@ -218,7 +225,10 @@ async fn guarded<S: Store>(
                 }
             }
             Decision::TakeOver { stale, then } => {
-                let lease = match state.store_call(state.store.take_over(stale, claim)).await {
+                let lease = match state
+                    .store_call(StoreOp::TakeOver, state.store.take_over(stale, claim))
+                    .await
+                {
                     Ok(Some(lease)) => lease,
                     Ok(None) if races < 3 => {
                         races += 1;
@@ -247,7 +257,10 @@ fn release_orphan<S: Store>(state: &Arc<AppState<S>>, lease: Lease, policy: &Pol
     state.tasks.clone().spawn(async move {
         let mut pause = Duration::from_millis(50);
         while tokio::time::Instant::now() < give_up {
-            match state.store_call(state.store.release(&lease)).await {
+            match state
+                .store_call(StoreOp::Release, state.store.release(&lease))
+                .await
+            {
                 Ok(Fenced::Done) => {
                     state.metrics.orphan_released();
                     return;
@@ -298,8 +311,10 @@ async fn forward_unguarded<S: Store>(
     peer: SocketAddr,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let request = upstream_request(&state.config.upstream.url, parts, peer, body);
+    let started = Instant::now();
     let sent =
         tokio::time::timeout(state.config.upstream.timeout, state.client.request(request)).await;
+    state.metrics.observe_upstream(started.elapsed());
     match sent {
         Err(_) => Err(ProxyError::OutcomeUnknown {
             cause: UnknownCause::Timeout,

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Policy};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreOp};
 use crate::store::{Store, StoreError};
 pub use body::ProxyBody;
 pub use upstream::UpstreamClient;
@@ -62,15 +62,19 @@ impl<S: Store> AppState<S> {
         }
     }
 
-    /// Runs one store operation under `store.timeout`.
-    async fn store_call<T>(
+    /// Runs one store operation under `store.timeout`, and times it.
+    pub(crate) async fn store_call<T>(
         &self,
-        op: impl Future<Output = Result<T, StoreError>>,
+        op: StoreOp,
+        call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let limit = self.config.store.timeout;
-        tokio::time::timeout(limit, op)
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(limit, call)
             .await
-            .unwrap_or(Err(StoreError::Timeout(limit)))
+            .unwrap_or(Err(StoreError::Timeout(limit)));
+        self.metrics.observe_store(op, started.elapsed());
+        result
     }
 }
 

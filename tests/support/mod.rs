@@ -89,6 +89,17 @@ impl<S: Store> Proxy<S> {
     pub fn client(&self) -> TestClient {
         TestClient::new(self.addr)
     }
+
+    /// Starts the admin listener for this proxy on a free port; stops with the test.
+    pub async fn admin(&self) -> TestClient {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::clone(&self.state);
+        tokio::spawn(async move {
+            idemgate::admin::serve_admin(listener, state, std::future::pending()).await;
+        });
+        TestClient::new(addr)
+    }
 }
 
 impl<S: Store> Drop for Proxy<S> {

@@ -1,0 +1,135 @@
+//! The admin listener, never on the proxy port: `/healthz` (the process serves),
+//! `/readyz` (the store answers within `store.timeout`), `/metrics` (Prometheus).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use crate::metrics::StoreOp;
+use crate::proxy::AppState;
+use crate::store::Store;
+
+/// `/readyz` asks the store at most this often; probes in between get the last answer.
+const READY_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The last readiness answer and when it was taken.
+#[derive(Debug, Default)]
+pub struct Readiness(Mutex<Option<(Instant, bool)>>);
+
+impl Readiness {
+    fn cached(&self, now: Instant) -> Option<bool> {
+        let last = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        last.filter(|(at, _)| now.duration_since(*at) < READY_CHECK_EVERY)
+            .map(|(_, ready)| ready)
+    }
+
+    fn remember(&self, at: Instant, ready: bool) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((at, ready));
+    }
+}
+
+/// Serves the admin endpoints until `shutdown` resolves.
+pub async fn serve_admin<S: Store>(
+    listener: TcpListener,
+    state: Arc<AppState<S>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let readiness = Arc::new(Readiness::default());
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => return,
+        };
+        let state = Arc::clone(&state);
+        let readiness = Arc::clone(&readiness);
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let state = Arc::clone(&state);
+                let readiness = Arc::clone(&readiness);
+                async move { Ok::<_, std::convert::Infallible>(answer(&state, &readiness, &req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(err) = conn.await {
+                tracing::debug!(error = %err, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn answer<S: Store>(
+    state: &AppState<S>,
+    readiness: &Readiness,
+    req: &Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
+    }
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => {
+            if ready(state, readiness).await {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+            }
+        }
+        "/metrics" => {
+            let mut response = Response::new(Full::new(Bytes::from(state.metrics.render())));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(OPENMETRICS),
+            );
+            response
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz or /metrics\n",
+        ),
+    }
+}
+
+async fn ready<S: Store>(state: &AppState<S>, readiness: &Readiness) -> bool {
+    let now = Instant::now();
+    if let Some(ready) = readiness.cached(now) {
+        return ready;
+    }
+    let ready = match state.store_call(StoreOp::Ping, state.store.ping()).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(error = %err, "readiness check: store unavailable");
+            false
+        }
+    };
+    readiness.remember(now, ready);
+    ready
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}

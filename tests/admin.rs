@@ -1,0 +1,91 @@
+//! The admin listener over real sockets: health, readiness against a real store, and
+//! the Prometheus exposition.
+
+mod support;
+
+use support::redis::RedisServer;
+use support::{BASIC, Proxy, Upstream};
+
+#[tokio::test]
+async fn healthz_and_readyz_on_the_memory_store() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let admin = proxy.admin().await;
+    assert_eq!(admin.send("GET", "/healthz", &[], "").await.status, 200);
+    assert_eq!(admin.send("GET", "/readyz", &[], "").await.status, 200);
+    assert_eq!(admin.send("GET", "/nope", &[], "").await.status, 404);
+    // The proxy port does not serve them: it forwards everything.
+    proxy.client().send("GET", "/healthz", &[], "").await;
+    assert_eq!(up.count(), 1);
+}
+
+#[tokio::test]
+async fn readyz_follows_redis() {
+    let mut redis = RedisServer::start().await;
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: redis\n  url: {}\n  timeout: 300ms\n",
+        redis.url()
+    );
+    let proxy = Proxy::redis(&yaml, &up).await;
+    let admin = proxy.admin().await;
+    assert_eq!(admin.send("GET", "/readyz", &[], "").await.status, 200);
+    redis.kill();
+    // Answers are cached for a second: a probe after the cache expired sees the outage.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let down = admin.send("GET", "/readyz", &[], "").await;
+    assert_eq!(down.status, 503);
+    assert_eq!(
+        admin.send("GET", "/healthz", &[], "").await.status,
+        200,
+        "alive while not ready"
+    );
+    redis.restart().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let mut ready = false;
+    for _ in 0..5 {
+        if admin.send("GET", "/readyz", &[], "").await.status == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    }
+    assert!(ready, "ready again after Redis came back");
+}
+
+#[tokio::test]
+async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let c = proxy.client();
+    c.post("/charges", "m1", "{}").await;
+    c.post("/charges", "m1", "{}").await;
+    c.post("/charges", "m1", "{\"other\":1}").await;
+    c.send("POST", "/charges", &[("idempotency-key", "")], "")
+        .await;
+    c.send("GET", "/charges", &[], "").await;
+    let admin = proxy.admin().await;
+    let m = admin.send("GET", "/metrics", &[], "").await;
+    assert_eq!(m.status, 200);
+    assert!(
+        m.headers["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("application/openmetrics-text")
+    );
+    let text = m.text();
+    for line in [
+        "idemgate_requests_total{outcome=\"forwarded\"} 1",
+        "idemgate_requests_total{outcome=\"replayed\"} 1",
+        "idemgate_requests_total{outcome=\"key_reused\"} 1",
+        "idemgate_requests_total{outcome=\"invalid_key\"} 1",
+        "idemgate_requests_total{outcome=\"passthrough\"} 1",
+        "idemgate_requests_total{outcome=\"lease_lost\"} 0",
+        "idemgate_store_duration_seconds_count{op=\"claim\"} 3",
+        "idemgate_store_duration_seconds_count{op=\"complete\"} 1",
+        "idemgate_upstream_duration_seconds_count 2",
+        "idemgate_in_flight 0",
+    ] {
+        assert!(text.contains(line), "missing `{line}` in:\n{text}");
+    }
+}
