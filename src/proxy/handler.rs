@@ -54,7 +54,8 @@ pub async fn handle<S: Store>(
     let _in_flight = state.metrics.track_in_flight();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let reply = match route(&state, req, peer).await {
+    let mut scoped_key = None;
+    let reply = match route(&state, req, peer, &mut scoped_key).await {
         Ok(reply) => reply,
         Err(err) => {
             let outcome = outcome_of(&err);
@@ -70,13 +71,16 @@ pub async fn handle<S: Store>(
     if !reply.counted {
         state.metrics.count(reply.outcome);
     }
-    tracing::debug!(
+    // One line per request. The key appears only as a short prefix of its scoped hash:
+    // enough to correlate retries, never the raw key or a credential.
+    tracing::info!(
         target: "idemgate::access",
         %method,
         path,
         status = reply.response.status().as_u16(),
         outcome = reply.outcome.as_str(),
         latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        key = scoped_key.as_ref().map_or_else(String::new, |k: &ScopedKey| k.to_hex()[..12].to_owned()),
     );
     reply.response
 }
@@ -86,6 +90,7 @@ async fn route<S: Store>(
     state: &Arc<AppState<S>>,
     req: Request<Incoming>,
     peer: SocketAddr,
+    scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Reply, ProxyError> {
     let id = state.policy_id(req.uri().path());
     let policy = state.policy(id);
@@ -101,6 +106,8 @@ async fn route<S: Store>(
         }
         return pass_through(state, req, peer).await;
     };
+    let scoped = ScopedKey::new(req.headers(), &policy.scope_headers, &key);
+    *scoped_key = Some(scoped);
     let limit = policy.max_request_body;
     if content_length(req.headers()).is_some_and(|len| len > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
@@ -113,7 +120,6 @@ async fn route<S: Store>(
         Capped::Complete(body) => body,
         Capped::Overflow { .. } => return Err(ProxyError::BodyTooLarge { limit }),
     };
-    let scoped = ScopedKey::new(&parts.headers, &policy.scope_headers, &key);
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let fingerprint = Fingerprint::new(
         &parts.method,
