@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod bin;
 pub mod redis;
 pub mod upstream;
 

@@ -1,0 +1,216 @@
+//! The `idemgate` binary from the outside (SPEC §1 and §8): `--check`, the config file
+//! and its environment variable, `--upstream`/`--listen`, and SIGTERM.
+
+mod support;
+
+use std::net::TcpListener;
+
+use support::bin::{Finished, Running, TempConfig, idemgate, run};
+use support::{TestClient, Upstream};
+
+/// The smallest valid file; the upstream is never contacted by `--check`.
+const MINIMAL: &str = "upstream:\n  url: http://127.0.0.1:9\n";
+
+/// A config file in front of `upstream` whose admin server is off, so that concurrent
+/// tests never compete for the default admin port 127.0.0.1:9901.
+fn serving_config(upstream: &Upstream) -> TempConfig {
+    TempConfig::new(&format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: null\n",
+        upstream.url()
+    ))
+}
+
+/// `idemgate --config FILE --check`.
+async fn check(file: &TempConfig) -> Finished {
+    run(idemgate().arg("--config").arg(file.path()).arg("--check")).await
+}
+
+#[tokio::test]
+async fn check_prints_the_effective_config_with_defaults_and_binds_nothing() {
+    // Both addresses are held by this test: a `--check` that tried to bind would fail.
+    let held = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let held_admin = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let listen = held.local_addr().expect("addr");
+    let admin = held_admin.local_addr().expect("addr");
+    let file = TempConfig::new(&format!(
+        "{MINIMAL}listen: {listen}\nadmin:\n  listen: {admin}\nroutes:\n  - path: /charges\n    ttl: 48h\n"
+    ));
+
+    // `run` also fails the test if the process is still running (serving) after 10 s.
+    let out = check(&file).await;
+
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    let yaml = &out.stdout;
+    for line in [
+        &format!("listen: {listen}"),
+        "  url: http://127.0.0.1:9",
+        "  kind: memory",
+        "  ttl: 24h",
+        "  lease: 10s",
+        "  on_concurrent: reject",
+        "  on_unknown_outcome: record",
+        "  max_request_body: 1MiB",
+        "- path: /charges",
+        "  ttl: 48h",
+        &format!("  listen: {admin}"),
+        "shutdown_timeout: 30s",
+    ] {
+        assert!(
+            yaml.lines().any(|l| l == line),
+            "no line {line:?} in:\n{yaml}"
+        );
+    }
+    let parsed: serde_yaml::Value = serde_yaml::from_str(yaml).expect("--check prints YAML");
+    assert_eq!(parsed["idempotency"]["ttl"], "24h", "{yaml}");
+}
+
+#[tokio::test]
+async fn check_output_is_a_config_file_that_checks_to_itself() {
+    let file = TempConfig::new(MINIMAL);
+    let first = check(&file).await;
+    assert_eq!(first.code(), Some(0), "stderr: {}", first.stderr);
+
+    let printed = TempConfig::new(&first.stdout);
+    let second = check(&printed).await;
+    assert_eq!(second.code(), Some(0), "stderr: {}", second.stderr);
+    assert_eq!(second.stdout, first.stdout);
+}
+
+#[tokio::test]
+async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
+    let cases = [
+        ("bogus: 1\n", "bogus: unknown field 'bogus'"),
+        ("idempotency:\n  ttl: 10q\n", "idempotency.ttl: "),
+        ("idempotency:\n  lease: 10\n", "idempotency.lease: "),
+        (
+            "store:\n  kind: postgres\n",
+            "store.kind: unknown variant 'postgres', expected one of memory, redis",
+        ),
+        (
+            "routes:\n  - path: /a\n  - path: /b\n    wait_timeout: soon\n",
+            "routes[1].wait_timeout: ",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let file = TempConfig::new(&format!("{MINIMAL}{extra}"));
+        let out = check(&file).await;
+        assert_eq!(out.code(), Some(1), "{extra:?}: stderr: {}", out.stderr);
+        assert!(
+            out.stderr.contains(expected),
+            "{extra:?}: stderr does not name the field ({expected:?}): {}",
+            out.stderr
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "{extra:?}: an invalid file prints no config: {}",
+            out.stdout
+        );
+    }
+}
+
+#[tokio::test]
+async fn check_on_a_missing_file_exits_1_naming_the_file() {
+    let file = TempConfig::new(MINIMAL);
+    let path = file.path().to_owned();
+    drop(file); // removes it
+
+    let out = run(idemgate().arg("--config").arg(&path).arg("--check")).await;
+
+    assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains(&*path.to_string_lossy()),
+        "stderr does not name the file: {}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+}
+
+#[tokio::test]
+async fn no_config_at_all_exits_1_and_says_how_to_give_one() {
+    let out = run(idemgate().arg("--check")).await;
+
+    assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+    for hint in ["--config", "IDEMGATE_CONFIG", "--upstream"] {
+        assert!(out.stderr.contains(hint), "no {hint} in: {}", out.stderr);
+    }
+}
+
+#[tokio::test]
+async fn idemgate_config_names_the_file_like_config_does() {
+    let file = TempConfig::new(&format!("{MINIMAL}idempotency:\n  ttl: 7h\n"));
+
+    let out = run(idemgate()
+        .env("IDEMGATE_CONFIG", file.path())
+        .arg("--check"))
+    .await;
+
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    assert!(
+        out.stdout.lines().any(|l| l == "  ttl: 7h"),
+        "the file's ttl is not in:\n{}",
+        out.stdout
+    );
+
+    let bad = TempConfig::new("store:\n  kind: postgres\n");
+    let out = run(idemgate().env("IDEMGATE_CONFIG", bad.path()).arg("--check")).await;
+    assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+}
+
+#[tokio::test]
+async fn upstream_and_listen_serve_a_replay_then_sigterm_exits_0() {
+    let upstream = Upstream::start().await;
+    // No file: the memory store and every default (SPEC §1).
+    let mut proxy = Running::start(&["--upstream", &upstream.url()]).await;
+    let client = TestClient::new(proxy.addr);
+
+    let first = client
+        .post("/charges", "cli-key-1", r#"{"amount":5}"#)
+        .await;
+    let again = client
+        .post("/charges", "cli-key-1", r#"{"amount":5}"#)
+        .await;
+
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(!first.replayed());
+    assert_eq!(again.status, 201, "{}", again.text());
+    assert!(again.replayed(), "the retry is not marked as a replay");
+    assert_eq!(again.body, first.body);
+    assert_eq!(upstream.count(), 1, "the upstream executed the retry");
+
+    proxy.terminate().await;
+    let status = proxy.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", proxy.stderr());
+}
+
+#[tokio::test]
+async fn sigterm_lets_a_request_held_at_the_upstream_finish_then_exits_0() {
+    let upstream = Upstream::start().await;
+    let file = serving_config(&upstream);
+    let config = file.path().to_str().expect("temp paths are UTF-8 here");
+    let mut proxy = Running::start(&["--config", config]).await;
+    let client = TestClient::new(proxy.addr);
+    let held = tokio::spawn(async move { client.post("/gate", "cli-held", "{}").await });
+    tokio::time::timeout(support::bin::LIMIT, upstream.wait_for(1))
+        .await
+        .expect("the request reached the upstream");
+
+    proxy.terminate().await;
+    // New connections are refused at once; that is also how we know the signal landed.
+    proxy.wait_refusing().await;
+    assert!(
+        !proxy.has_exited(),
+        "idemgate exited with a request in flight:\n{}",
+        proxy.stderr()
+    );
+    upstream.open_gate();
+
+    let resp = tokio::time::timeout(support::bin::LIMIT, held)
+        .await
+        .expect("the held request finished")
+        .expect("client task");
+    assert_eq!(resp.status, 201, "{}", resp.text());
+    assert!(!resp.replayed());
+    let status = proxy.wait_exit().await;
+    assert_eq!(status.code(), Some(0), "stderr:\n{}", proxy.stderr());
+    assert_eq!(upstream.count(), 1);
+}
