@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
-
 use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind};
 use crate::proxy::{AppState, Shutdown, serve};
@@ -14,7 +12,7 @@ use crate::store::{MemoryStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(name = "idemgate", version, about)]
 pub struct Args {
     /// The YAML configuration file.
@@ -37,6 +35,8 @@ enum CliError {
     Config(#[from] crate::config::ConfigError),
     #[error("no configuration: give --config PATH (or IDEMGATE_CONFIG), or --upstream URL")]
     NoConfig,
+    #[error("give either --config PATH or --upstream URL, not both")]
+    Contradiction,
     #[error("store: {0}")]
     Store(#[source] crate::store::StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -50,7 +50,18 @@ enum CliError {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    let args = Args::parse();
+    let matches = <Args as clap::CommandFactory>::command().get_matches();
+    let args = match <Args as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(args) => args,
+        Err(err) => err.exit(),
+    };
+    // A config named by IDEMGATE_CONFIG in the environment yields to --upstream; one
+    // named on the command line next to --upstream is a contradiction.
+    let config_on_command_line =
+        matches.value_source("config") == Some(clap::parser::ValueSource::CommandLine);
+    if args.upstream.is_some() && config_on_command_line {
+        return fail(&CliError::Contradiction);
+    }
     let config = match load(&args) {
         Ok(config) => config,
         Err(err) => return fail(&err),
@@ -107,6 +118,7 @@ fn init_logs(config: &Config) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Text => builder.init(),

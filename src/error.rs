@@ -176,7 +176,7 @@ impl ProxyError {
                 "The proxy handling the first request with this key stopped before recording its outcome; it may or may not have been executed.".to_owned()
             }
             other => {
-                let mut s = other.to_string();
+                let mut s = capitalised(&other.to_string());
                 if let Some(src) = std::error::Error::source(other) {
                     s.push_str(": ");
                     s.push_str(&src.to_string());
@@ -216,4 +216,11 @@ impl Problem {
         }
         headers
     }
+}
+
+fn capitalised(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
 }

@@ -214,3 +214,29 @@ async fn sigterm_lets_a_request_held_at_the_upstream_finish_then_exits_0() {
     assert_eq!(status.code(), Some(0), "stderr:\n{}", proxy.stderr());
     assert_eq!(upstream.count(), 1);
 }
+
+#[tokio::test]
+async fn upstream_with_an_explicit_config_is_a_contradiction_but_the_env_yields() {
+    let file = TempConfig::new(MINIMAL);
+    let out = run(idemgate().arg("--config").arg(file.path()).args([
+        "--upstream",
+        "http://127.0.0.1:7",
+        "--check",
+    ]))
+    .await;
+    assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+    assert!(out.stderr.contains("not both"), "{}", out.stderr);
+
+    let out = run(idemgate().env("IDEMGATE_CONFIG", file.path()).args([
+        "--upstream",
+        "http://127.0.0.1:7",
+        "--check",
+    ]))
+    .await;
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    assert!(
+        out.stdout.contains("url: http://127.0.0.1:7"),
+        "{}",
+        out.stdout
+    );
+}
