@@ -43,6 +43,8 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("the request body could not be read")]
     BadRequestBody(#[source] hyper::Error),
+    #[error("the request body did not arrive within the upstream timeout")]
+    BodyTimeout,
     #[error("this key was used for a different request")]
     KeyReused,
     #[error("could not connect to the upstream")]
@@ -97,6 +99,12 @@ impl ProxyError {
                 StatusCode::BAD_REQUEST,
                 "bad-request",
                 "Request body could not be read",
+                None,
+            ),
+            E::BodyTimeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                "request-timeout",
+                "Request body too slow",
                 None,
             ),
             E::InFlight { retry_after } => (

@@ -598,3 +598,57 @@ async fn on_concurrent_wait_gives_up_after_wait_timeout() {
     assert_eq!(first.await.expect("join").status, 201);
     assert_eq!(up.count(), 1);
 }
+
+#[tokio::test]
+async fn a_trickling_guarded_body_times_out_holding_no_claim() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start("upstream:\n  url: {upstream}\n  timeout: 300ms\n", &up).await;
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    socket
+        .write_all(b"POST /charges HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-body\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .expect("write");
+    let mut out = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.read(&mut out))
+        .await
+        .expect("answered within the bound")
+        .expect("read");
+    let head = String::from_utf8_lossy(&out[..n]);
+    assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+    assert!(head.contains("request-timeout"), "{head}");
+    assert_eq!(up.count(), 0);
+    assert!(proxy.state.store.is_empty(), "no claim was made");
+    assert_eq!(
+        proxy
+            .client()
+            .post("/charges", "slow-body", "{}")
+            .await
+            .status,
+        201
+    );
+}
+
+#[tokio::test]
+async fn malformed_requests_and_header_floods_get_a_4xx_and_reach_nothing() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let garbage = raw_exchange(proxy.addr, b"\x16\x03\x01 this is not http\r\n\r\n").await;
+    assert!(
+        garbage.is_empty() || garbage.starts_with("HTTP/1.1 400"),
+        "{garbage}"
+    );
+    let mut flood = b"POST /charges HTTP/1.1\r\nhost: x\r\nidempotency-key: flood\r\n".to_vec();
+    for i in 0..200 {
+        flood.extend_from_slice(format!("x-flood-{i}: {}\r\n", "v".repeat(1024)).as_bytes());
+    }
+    flood.extend_from_slice(b"content-length: 0\r\n\r\n");
+    let answer = raw_exchange(proxy.addr, &flood).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
+        "{answer}"
+    );
+    assert_eq!(up.count(), 0);
+    assert!(proxy.state.store.is_empty());
+}

@@ -113,8 +113,12 @@ async fn route<S: Store>(
         return Err(ProxyError::BodyTooLarge { limit });
     }
     let (parts, body) = req.into_parts();
-    let body = match collect_capped(body, limit)
+    // A guarded body is buffered before anything is claimed; a client that trickles it
+    // gets as long as the upstream would, then 408, holding no claim.
+    let read = tokio::time::timeout(state.config.upstream.timeout, collect_capped(body, limit));
+    let body = match read
         .await
+        .map_err(|_| ProxyError::BodyTimeout)?
         .map_err(ProxyError::BadRequestBody)?
     {
         Capped::Complete(body) => body,
@@ -381,7 +385,7 @@ fn outcome_of(err: &ProxyError) -> Outcome {
         ProxyError::InFlight { .. } => Outcome::InFlight,
         ProxyError::NotReplayable => Outcome::NotReplayable,
         ProxyError::BodyTooLarge { .. } => Outcome::TooLarge,
-        ProxyError::BadRequestBody(_) => Outcome::BadRequest,
+        ProxyError::BadRequestBody(_) | ProxyError::BodyTimeout => Outcome::BadRequest,
         ProxyError::KeyReused => Outcome::KeyReused,
         ProxyError::UpstreamUnreachable(_) => Outcome::UpstreamUnreachable,
         ProxyError::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
