@@ -13,9 +13,10 @@ if need_redis; then
 fi
 # The packaged service is not used; tests start servers on free ports.
 
+# `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --all-targets --no-fail-fast "$@"
+  cargo nextest run --all-targets --features failpoints --no-fail-fast "$@"
   cargo test --doc --quiet
 else
-  cargo test --all-targets --no-fail-fast "$@"
+  cargo test --all-targets --features failpoints --no-fail-fast "$@"
 fi

@@ -6,6 +6,7 @@
 //! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
 //! - [`config`]: YAML file -> raw serde structs -> validated, typed [`config::Config`].
 //! - [`error`]: the errors the proxy answers itself and their one status table.
+//! - [`failpoint`]: named crash points for the fault suite (feature `failpoints`).
 //! - [`idempotency`]: the pure engine: keys, fingerprints, records, the decision table.
 //! - [`store`]: the [`store::Store`] trait and its backends (memory).
 //! - [`proxy`]: accept loop and shutdown, the request handler, the upstream client.
@@ -16,6 +17,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod idempotency;
 pub mod metrics;
 pub mod proxy;

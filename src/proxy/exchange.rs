@@ -17,6 +17,7 @@ use super::upstream::{strip_hop_by_hop, upstream_request};
 use super::{AppState, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::{BoxError, ProxyError, UnknownCause};
+use crate::failpoint;
 use crate::idempotency::{Completed, Fingerprint, StoredBody};
 use crate::metrics::{Outcome, StoreOp};
 use crate::store::{Fenced, Lease, Store};
@@ -31,6 +32,7 @@ pub(super) async fn execute<S: Store>(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task_state = Arc::clone(state);
     state.tasks.spawn(async move {
+        failpoint::hit(failpoint::AFTER_CLAIM);
         let mut reply = run(&task_state, id, lease, req).await;
         // Counted here: the client may be gone, the outcome is recorded either way.
         task_state.metrics.count(reply.outcome);
@@ -199,6 +201,7 @@ async fn run<S: Store>(
             },
         ),
     };
+    failpoint::hit(failpoint::AFTER_FORWARD);
     let record = Completed {
         fingerprint: req.fingerprint,
         status: head.status,
@@ -206,6 +209,7 @@ async fn run<S: Store>(
         body: stored,
     };
     let outcome = keeper.record(record, policy.ttl).await;
+    failpoint::hit(failpoint::AFTER_RECORD);
     Reply::new(outcome, Response::from_parts(head, to_client))
 }
 

@@ -131,11 +131,17 @@ impl Running {
     /// Starts `idemgate ARGS --listen 127.0.0.1:PORT` on a free port and returns once it
     /// accepts connections. If the port was taken in the meantime, tries another.
     pub async fn start(args: &[&str]) -> Running {
+        Self::start_with_env(args, &[]).await
+    }
+
+    /// [`Running::start`] with extra environment variables (e.g. a crash point).
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Running {
         const ATTEMPTS: usize = 5;
         for _ in 0..ATTEMPTS {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let mut cmd = idemgate();
-            cmd.args(args)
+            cmd.envs(env.iter().copied())
+                .args(args)
                 .arg("--listen")
                 .arg(addr.to_string())
                 .stdout(Stdio::null())
@@ -237,6 +243,11 @@ impl Running {
                 self.stderr()
             ),
         }
+    }
+
+    /// SIGKILL: a crash, nothing is finished or recorded.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
     }
 
     pub fn has_exited(&mut self) -> bool {
