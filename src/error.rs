@@ -183,6 +183,11 @@ impl ProxyError {
             ProxyError::OutcomeUnknown { cause: UnknownCause::LeaseExpired, .. } => {
                 "The proxy handling the first request with this key stopped before recording its outcome; it may or may not have been executed.".to_owned()
             }
+            // The store's and the upstream's own errors stay in the logs: they describe
+            // infrastructure, not the client's request.
+            ProxyError::StoreUnavailable(_) | ProxyError::UpstreamUnreachable(_) => {
+                format!("{}.", capitalised(&self.to_string()))
+            }
             other => {
                 let mut s = capitalised(&other.to_string());
                 if let Some(src) = std::error::Error::source(other) {

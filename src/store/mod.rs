@@ -61,7 +61,7 @@ pub enum StoreError {
     Timeout(Duration),
     #[error("the store is full of in-flight markers")]
     Full,
-    #[error("the store is unreachable")]
+    #[error("the store is unreachable: {0}")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("the store answered something unexpected: {0}")]
     Protocol(&'static str),
