@@ -87,7 +87,11 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(config)) {
         Ok(Shutdown::Drained) => ExitCode::SUCCESS,
         Ok(Shutdown::TimedOut) => ExitCode::FAILURE,
-        Err(err) => fail(&err),
+        // Logging is set up by now: the error goes out in the configured format.
+        Err(err) => {
+            tracing::error!(error = %err, "idemgate cannot start");
+            ExitCode::FAILURE
+        }
     }
 }
 

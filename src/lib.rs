@@ -8,7 +8,7 @@
 //! - [`error`]: the errors the proxy answers itself and their one status table.
 //! - [`failpoint`]: named crash points for the fault suite (feature `failpoints`).
 //! - [`idempotency`]: the pure engine: keys, fingerprints, records, the decision table.
-//! - [`store`]: the [`store::Store`] trait and its backends (memory).
+//! - [`store`]: the [`store::Store`] trait and its backends (memory, redis).
 //! - [`proxy`]: accept loop and shutdown, the request handler, the upstream client.
 //! - [`metrics`]: request outcomes and counters.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.

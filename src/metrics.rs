@@ -151,6 +151,8 @@ pub struct Metrics {
     late_records: Counter,
     /// Claims whose call timed out, released once the store answered again.
     orphans_released: Counter,
+    /// Responses whose background recording never landed (lease ended or was lost).
+    records_lost: Counter,
     /// Woken on every count, so a test or a reader can wait for a condition.
     changed: tokio::sync::Notify,
 }
@@ -216,6 +218,12 @@ impl Metrics {
             "Recordings that landed after the response was sent",
             late_records.clone(),
         );
+        let records_lost = Counter::default();
+        registry.register(
+            "idemgate_records_lost",
+            "Responses answered but never recorded: their keys follow on_unknown_outcome",
+            records_lost.clone(),
+        );
         let orphans_released = Counter::default();
         registry.register(
             "idemgate_orphans_released",
@@ -232,6 +240,7 @@ impl Metrics {
             record_retries,
             late_records,
             orphans_released,
+            records_lost,
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -302,6 +311,15 @@ impl Metrics {
 
     pub fn late_records(&self) -> u64 {
         self.late_records.get()
+    }
+
+    pub fn record_lost(&self) {
+        self.records_lost.inc();
+        self.changed.notify_waiters();
+    }
+
+    pub fn records_lost(&self) -> u64 {
+        self.records_lost.get()
     }
 
     pub fn orphan_released(&self) {

@@ -85,7 +85,15 @@ async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
         "idemgate_store_duration_seconds_count{op=\"complete\"} 1",
         "idemgate_upstream_duration_seconds_count 2",
         "idemgate_in_flight 0",
+        "idemgate_store_entries 1",
+        "idemgate_store_evictions_total 0",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }
+    let bytes = text
+        .lines()
+        .find_map(|l| l.strip_prefix("idemgate_store_bytes "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no idemgate_store_bytes in:\n{text}"));
+    assert!(bytes > 100, "one record with its body and headers: {bytes}");
 }

@@ -652,3 +652,26 @@ async fn malformed_requests_and_header_floods_get_a_4xx_and_reach_nothing() {
     assert_eq!(up.count(), 0);
     assert!(proxy.state.store.is_empty());
 }
+
+#[tokio::test]
+async fn a_memory_store_full_of_markers_answers_503_even_under_pass_through() {
+    let up = Upstream::start().await;
+    let yaml =
+        "upstream:\n  url: {upstream}\nstore:\n  max_entries: 1\n  on_unavailable: pass_through\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let held = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/charges", "holder", "{}").await }
+    });
+    up.wait_for(1).await;
+    let r = c.post("/charges", "another", "{}").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.problem(), "store-unavailable");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(up.count(), 1, "not forwarded unguarded");
+    up.open_gate();
+    assert_eq!(held.await.expect("join").status, 201);
+    // Once the marker is a completed record it can be evicted for the next key.
+    assert_eq!(c.post("/charges", "another", "{}").await.status, 201);
+}

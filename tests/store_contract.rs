@@ -493,6 +493,8 @@ contract!(redis, redis_harness::new().await, tokio::test);
 /// Memory-store specifics: the bound of `max_entries`.
 mod memory_bounds {
     use super::*;
+
+    const MARKER: i64 = 58;
     use idemgate::store::{MemoryStore, StoreError};
 
     /// The contract runs on one paused thread; this one races real threads.
@@ -517,6 +519,9 @@ mod memory_bounds {
             );
         }
         let _marker = h.acquire(3).await;
+        // Bytes held: two completed records (marker-sized head, headers, body) and a marker.
+        let record = MARKER + ("content-type".len() + "application/json".len() + 1) as i64;
+        assert_eq!(s.stored_bytes(), 2 * record + MARKER);
         // Full: the oldest completed record (1) makes room.
         let _ = h.acquire(4).await;
         assert_eq!(s.evictions(), 1);
@@ -524,6 +529,8 @@ mod memory_bounds {
         let _ = h.acquire(1).await;
         assert!(matches!(h.existing(3).await, Record::InFlight(_)));
         assert_eq!(s.len(), 3);
+        // Three markers remain (3, 4 and 1 again); evicted records no longer count.
+        assert_eq!(s.stored_bytes(), 3 * MARKER);
     }
 
     #[tokio::test(start_paused = true)]

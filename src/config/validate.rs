@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 
 use super::raw::{RawConfig, RawPolicy, RawStore};
+use super::values::{UpstreamUrl, parse_upstream_url};
 use super::{
     AdminConfig, Config, ConfigError, LogConfig, LogFormat, OnConcurrent, OnUnavailable,
     OnUnknownOutcome, Policy, Route, StoreConfig, StoreKind, UpstreamConfig, redact_url,
@@ -43,13 +44,19 @@ impl Default for Policy {
     }
 }
 
+/// The upstream when the file names none.
+pub(super) const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
+
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     let upstream = raw.upstream.unwrap_or_default();
-    let Some(url) = upstream.url else {
-        return Err(ConfigError::invalid(
-            "upstream.url",
-            "missing; set the http:// URL of the service to protect, e.g. http://127.0.0.1:9000",
-        ));
+    // SPEC §6 lists http://127.0.0.1:9000 among the defaults: a sidecar's service
+    // usually listens next to it.
+    let url = match upstream.url {
+        Some(url) => url,
+        None => UpstreamUrl(
+            parse_upstream_url(DEFAULT_UPSTREAM)
+                .map_err(|m| ConfigError::invalid("upstream.url", m))?,
+        ),
     };
     let idempotency = apply(Policy::default(), raw.idempotency.unwrap_or_default());
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;

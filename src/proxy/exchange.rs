@@ -307,6 +307,7 @@ impl<S: Store> Keeper<S> {
                 tracing::error!(
                     "recording failed until the lease ended; the key will answer outcome-unknown"
                 );
+                self.state.metrics.record_lost();
                 return;
             }
             tokio::time::sleep(pause).await;
@@ -326,8 +327,9 @@ impl<S: Store> Keeper<S> {
                     self.state.metrics.late_record();
                     return;
                 }
+                // The request was counted when it was answered; this is about the record.
                 Ok(Fenced::LeaseLost) => {
-                    self.state.metrics.count(Outcome::LeaseLost);
+                    self.state.metrics.record_lost();
                     let _ = lease_lost();
                     return;
                 }

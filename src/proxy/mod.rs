@@ -42,11 +42,13 @@ pub struct AppState<S> {
 impl<S: Store> AppState<S> {
     pub fn new(config: Arc<Config>, store: S) -> Self {
         let client = upstream::client(&config.upstream);
+        let mut metrics = Metrics::new();
+        store.register_metrics(metrics.registry_mut());
         Self {
             config,
             store,
             client,
-            metrics: Metrics::default(),
+            metrics,
             tasks: TaskTracker::new(),
         }
     }

@@ -3,7 +3,6 @@
 //! markers are never evicted (evicting one would let a duplicate execute).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -12,8 +11,13 @@ use std::pin::Pin;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
 use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
-use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
+use crate::idempotency::record::IN_FLIGHT_LEN;
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey, StoredBody};
 
 /// The store's notion of "now", injectable so tests control time.
 pub trait Clock: Send + Sync + 'static {
@@ -67,6 +71,27 @@ struct Inner {
     next_seq: u64,
     /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
     watchers: HashMap<ScopedKey, Arc<Notify>>,
+    /// Approximate bytes held by the records (bodies, headers, markers).
+    bytes: u64,
+}
+
+/// What a slot costs, roughly: its payload, not the map's own overhead.
+fn size(slot: &Slot) -> u64 {
+    match &slot.record {
+        Record::InFlight(_) => IN_FLIGHT_LEN as u64,
+        Record::Completed(c) => {
+            let body = match &c.body {
+                StoredBody::Stored(b) => b.len(),
+                StoredBody::TooLarge => 0,
+            };
+            let headers: usize = c
+                .headers
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len())
+                .sum();
+            (body + headers + IN_FLIGHT_LEN) as u64
+        }
+    }
 }
 
 impl Inner {
@@ -78,8 +103,21 @@ impl Inner {
     }
 
     fn remove(&mut self, key: &ScopedKey) {
-        if let Some(Slot { seq: Some(seq), .. }) = self.map.remove(key) {
-            self.order.remove(&seq);
+        if let Some(slot) = self.map.remove(key) {
+            self.bytes -= size(&slot);
+            if let Some(seq) = slot.seq {
+                self.order.remove(&seq);
+            }
+        }
+    }
+
+    fn insert(&mut self, key: ScopedKey, slot: Slot) {
+        self.bytes += size(&slot);
+        if let Some(old) = self.map.insert(key, slot) {
+            self.bytes -= size(&old);
+            if let Some(seq) = old.seq {
+                self.order.remove(&seq);
+            }
         }
     }
 
@@ -98,12 +136,21 @@ impl Inner {
         while self.map.len() >= max_entries {
             if let Some((_, key)) = self.order.pop_first() {
                 if let Some(slot) = self.map.remove(&key) {
+                    self.bytes -= size(&slot);
                     evicted += u64::from(slot.expires_ms > now);
                 }
                 continue;
             }
             let before = self.map.len();
-            self.map.retain(|_, slot| slot.expires_ms > now);
+            let mut freed = 0;
+            self.map.retain(|_, slot| {
+                let keep = slot.expires_ms > now;
+                if !keep {
+                    freed += size(slot);
+                }
+                keep
+            });
+            self.bytes -= freed;
             if self.map.len() == before {
                 return Err(StoreError::Full);
             }
@@ -118,7 +165,10 @@ pub struct MemoryStore<C: Clock = TokioClock> {
     inner: Mutex<Inner>,
     max_entries: usize,
     clock: C,
-    evictions: AtomicU64,
+    /// Live completed records evicted early because the store was full.
+    evictions: Counter,
+    entries: Gauge,
+    stored_bytes: Gauge,
 }
 
 impl MemoryStore<TokioClock> {
@@ -133,18 +183,25 @@ impl<C: Clock> MemoryStore<C> {
             inner: Mutex::new(Inner::default()),
             max_entries: max_entries.max(1),
             clock,
-            evictions: AtomicU64::new(0),
+            evictions: Counter::default(),
+            entries: Gauge::default(),
+            stored_bytes: Gauge::default(),
         }
     }
 
     /// Live records evicted early because the store was full.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.evictions.get()
     }
 
     /// Entries held, expired ones not yet dropped included.
     pub fn len(&self) -> usize {
         self.lock().map.len()
+    }
+
+    /// Approximate bytes of the records held (what `idemgate_store_bytes` shows).
+    pub fn stored_bytes(&self) -> i64 {
+        self.stored_bytes.get()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -155,6 +212,14 @@ impl<C: Clock> MemoryStore<C> {
         // A panic while holding the lock cannot leave a half-written entry: every
         // mutation is a single insert or remove.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Mirrors the size of the store into its gauges; called under the lock.
+    fn publish(&self, inner: &Inner) {
+        self.entries
+            .set(i64::try_from(inner.map.len()).unwrap_or(i64::MAX));
+        self.stored_bytes
+            .set(i64::try_from(inner.bytes).unwrap_or(i64::MAX));
     }
 
     fn marker(req: &ClaimRequest, now: u64) -> Slot {
@@ -197,8 +262,9 @@ impl<C: Clock> Store for MemoryStore<C> {
             None => {}
         }
         let evicted = inner.make_room(self.max_entries, now)?;
-        self.evictions.fetch_add(evicted, Ordering::Relaxed);
-        inner.map.insert(req.key, Self::marker(&req, now));
+        self.evictions.inc_by(evicted);
+        inner.insert(req.key, Self::marker(&req, now));
+        self.publish(&inner);
         Ok(Claim::Acquired(Lease {
             key: req.key,
             token: req.token,
@@ -215,7 +281,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let seq = inner.next_seq;
-        let Some(slot) = inner.owned(&lease.key, lease.token, now) else {
+        if inner.owned(&lease.key, lease.token, now).is_none() {
             // Repeating a completion that already landed is done, as on every store.
             let landed = matches!(inner.map.get(&lease.key), Some(Slot { record: Record::Completed(c), expires_ms, .. })
                 if *expires_ms > now && (Arc::ptr_eq(c, &record) || **c == *record));
@@ -224,15 +290,19 @@ impl<C: Clock> Store for MemoryStore<C> {
             } else {
                 Fenced::LeaseLost
             });
-        };
-        *slot = Slot {
-            record: Record::Completed(record),
-            expires_ms: now + millis(ttl),
-            seq: Some(seq),
-        };
+        }
+        inner.insert(
+            lease.key,
+            Slot {
+                record: Record::Completed(record),
+                expires_ms: now + millis(ttl),
+                seq: Some(seq),
+            },
+        );
         inner.next_seq += 1;
         inner.order.insert(seq, lease.key);
         inner.changed(&lease.key);
+        self.publish(inner);
         Ok(Fenced::Done)
     }
 
@@ -293,5 +363,24 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "idemgate_store_evictions",
+            "Completed records evicted before their ttl because the memory store was full",
+            self.evictions.clone(),
+        );
+        registry.register(
+            "idemgate_store_entries",
+            "Records and markers held by the memory store",
+            self.entries.clone(),
+        );
+        registry.register_with_unit(
+            "idemgate_store",
+            "Approximate bytes of records held by the memory store",
+            prometheus_client::registry::Unit::Bytes,
+            self.stored_bytes.clone(),
+        );
     }
 }

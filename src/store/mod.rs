@@ -113,6 +113,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Cheap liveness check for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Adds the store's own metrics (e.g. evictions) to `/metrics`.
+    fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
 }
 
 /// A subscription to one key's next change, from [`Store::watch`].
@@ -168,5 +171,9 @@ impl<T: Store> Store for Arc<T> {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).ping()
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        (**self).register_metrics(registry);
     }
 }

@@ -123,10 +123,21 @@ fn bad_sizes_name_their_field() {
 }
 
 #[test]
-fn upstream_url_is_required_and_must_be_plain_http() {
-    for empty in ["", "{}", "# nothing\n", "upstream: {}\n", "upstream:\n"] {
-        let message = error_at(empty, "upstream.url");
-        assert!(message.contains("missing"), "{message}");
+fn upstream_url_defaults_to_port_9000_and_must_be_plain_http() {
+    for empty in [
+        "",
+        "# nothing\n",
+        "{}",
+        "upstream: {}\n",
+        "upstream:\n",
+        "listen: 127.0.0.1:8080\n",
+    ] {
+        let config = Config::from_yaml_str(empty, &|_| None).expect("every key has a default");
+        assert_eq!(
+            config.upstream.url.to_string(),
+            "http://127.0.0.1:9000/",
+            "{empty:?}"
+        );
     }
     let message = error_at(
         "upstream:\n  url: https://api.example.com\n",
