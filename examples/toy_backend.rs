@@ -152,11 +152,20 @@ async fn run(listen: SocketAddr) -> std::io::Result<()> {
         std::io::Error::new(err.kind(), format!("cannot listen on {listen}: {err}"))
     })?;
     eprintln!("toy backend listening on {}", listener.local_addr()?);
+    serve(listener, shutdown_signal()).await;
+    Ok(())
+}
 
+/// Serves the charges API on `listener` until `shutdown` resolves. Also used in-process
+/// by the demo story test (tests/demo.rs includes this file as a module).
+#[allow(
+    clippy::print_stderr,
+    reason = "the stop lines are part of the example's interface"
+)]
+pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Output = ()>) {
     let charges = Arc::new(Charges::default());
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
-    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -193,7 +202,6 @@ async fn run(listen: SocketAddr) -> std::io::Result<()> {
     {
         eprintln!("toy backend: requests still running after {SHUTDOWN_GRACE:?}; exiting");
     }
-    Ok(())
 }
 
 async fn handle(

@@ -4,6 +4,9 @@
 #
 #   ./scripts/demo.sh               start both, print example requests, wait for Ctrl-C
 #   DEMO_SMOKE=1 ./scripts/demo.sh  start both, check one retry is replayed, stop, exit 0/1
+#   ./scripts/demo.sh story         start both, tell the demo story (examples/demo_client.rs):
+#                                   a retried payment straight to the backend and through
+#                                   idemgate, with the charge counts; stop, exit 0/1
 #
 # Needs cargo, curl and bash. Both processes are stopped however the script ends.
 set -euo pipefail
@@ -35,8 +38,11 @@ for addr in "$PROXY" "$BACKEND"; do
     fi
 done
 
-say "demo: building (cargo build --release --bin idemgate --example toy_backend)"
-cargo build --release --bin idemgate --example toy_backend
+MODE=${1:-}
+case "$MODE" in ""|story) ;; *) die "usage: $0 [story]" ;; esac
+
+say "demo: building (cargo build --release --bin idemgate --example toy_backend --example demo_client)"
+cargo build --release --bin idemgate --example toy_backend --example demo_client
 # Ask cargo where it built: CARGO_TARGET_DIR or a config file may move `target/`.
 target_dir=$(cargo metadata --format-version 1 --no-deps |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
@@ -114,6 +120,15 @@ post_charge() {
     body=$(printf '%s\n' "$out" | sed '1,/^$/d')
     printf '  -> %s%s %s\n' "$status" "${replayed:+ (Idempotent-Replayed: $replayed)}" "$body"
 }
+
+if [ "$MODE" = story ]; then
+    say "demo: the story, told twice"
+    if "$target_dir/release/examples/demo_client" --proxy "http://$PROXY" --backend "http://$BACKEND"; then
+        exit 0
+    fi
+    show_logs
+    exit 1
+fi
 
 if [ "${DEMO_SMOKE:-}" = 1 ]; then
     key="demo-smoke-$$-$RANDOM"
