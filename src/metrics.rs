@@ -155,6 +155,9 @@ pub struct Metrics {
     records_lost: Counter,
     /// Woken on every count, so a test or a reader can wait for a condition.
     changed: tokio::sync::Notify,
+    /// How many `wait_until` calls are parked: without any, counting skips the Notify
+    /// (whose wake-up takes a lock) and stays one atomic add.
+    watchers: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -242,16 +245,28 @@ impl Metrics {
             orphans_released,
             records_lost,
             changed: tokio::sync::Notify::new(),
+            watchers: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
     pub fn count(&self, outcome: Outcome) {
         self.requests[outcome.index()].inc();
-        self.changed.notify_waiters();
+        self.wake();
     }
 
     /// Resolves once `cond` holds; re-checked after every count.
     pub async fn wait_until(&self, cond: impl Fn(&Metrics) -> bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.watchers.fetch_add(1, SeqCst);
+        std::sync::atomic::fence(SeqCst);
+        // Decremented however this future ends, dropped mid-wait included.
+        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.watchers);
         loop {
             let notified = self.changed.notified();
             tokio::pin!(notified);
@@ -260,6 +275,16 @@ impl Metrics {
                 return;
             }
             notified.await;
+        }
+    }
+
+    fn wake(&self) {
+        // The fence orders the count just made before this load; `wait_until` registers
+        // (SeqCst) before checking its condition: either the waiter sees the new count
+        // or this sees the waiter.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if self.watchers.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            self.changed.notify_waiters();
         }
     }
 
@@ -292,7 +317,7 @@ impl Metrics {
     /// Counts a waiting duplicate for as long as the guard lives.
     pub fn track_waiting(&self) -> GaugeGuard<'_> {
         self.waiting.inc();
-        self.changed.notify_waiters();
+        self.wake();
         GaugeGuard(&self.waiting)
     }
 
@@ -306,7 +331,7 @@ impl Metrics {
 
     pub fn late_record(&self) {
         self.late_records.inc();
-        self.changed.notify_waiters();
+        self.wake();
     }
 
     pub fn late_records(&self) -> u64 {
@@ -315,7 +340,7 @@ impl Metrics {
 
     pub fn record_lost(&self) {
         self.records_lost.inc();
-        self.changed.notify_waiters();
+        self.wake();
     }
 
     pub fn records_lost(&self) -> u64 {
@@ -324,7 +349,7 @@ impl Metrics {
 
     pub fn orphan_released(&self) {
         self.orphans_released.inc();
-        self.changed.notify_waiters();
+        self.wake();
     }
 
     pub fn orphans_released(&self) -> u64 {
