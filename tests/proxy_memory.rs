@@ -675,3 +675,23 @@ async fn a_memory_store_full_of_markers_answers_503_even_under_pass_through() {
     // Once the marker is a completed record it can be evicted for the next key.
     assert_eq!(c.post("/charges", "another", "{}").await.status, 201);
 }
+
+#[tokio::test]
+async fn the_upstreams_own_replay_marker_never_reaches_a_first_response() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let c = proxy.client();
+    let first = c.post("/marked", "mk", "{}").await;
+    assert_eq!(first.status, 201);
+    assert!(
+        first.headers.get("idempotent-replayed").is_none(),
+        "{:?}",
+        first.headers
+    );
+    let again = c.post("/marked", "mk", "{}").await;
+    assert_eq!(
+        again.headers.get_all("idempotent-replayed").iter().count(),
+        1
+    );
+    assert!(again.replayed());
+}

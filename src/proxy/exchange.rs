@@ -12,7 +12,7 @@ use http::header::{CONTENT_LENGTH, DATE, HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody, collect_capped};
-use super::handler::{Guarded, Reply, problem_response};
+use super::handler::{Guarded, IDEMPOTENT_REPLAYED, Reply, problem_response};
 use super::upstream::{strip_hop_by_hop, upstream_request};
 use super::{AppState, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
@@ -161,6 +161,9 @@ async fn run<S: Store>(
     };
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    // The replay marker is ours to set: an upstream's own must not make a first response
+    // look replayed, nor be stored and replayed as if it were.
+    head.headers.remove(&IDEMPOTENT_REPLAYED);
     if policy.release_statuses.contains(&head.status) {
         // The upstream refused before doing work; free the key before answering so that
         // an immediate retry executes.

@@ -192,6 +192,12 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full
         .header("content-type", "application/json")
         .header("set-cookie", format!("session={n}"))
         .header("x-execution", n.to_string())
+        // An upstream that deduplicates too may mark its own replays; idemgate must not
+        // pass that off as its marker.
+        .header(
+            "idempotent-replayed",
+            if path == "/marked" { "true" } else { "false" },
+        )
         .header("connection", "keep-alive")
         .body(Full::new(Bytes::from(json.to_string())))
         .expect("response"))
