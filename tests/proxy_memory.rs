@@ -695,3 +695,32 @@ async fn the_upstreams_own_replay_marker_never_reaches_a_first_response() {
     );
     assert!(again.replayed());
 }
+
+#[tokio::test]
+async fn clients_may_speak_h2c() {
+    use http_body_util::{BodyExt, Full};
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let req = http::Request::post(format!("http://{}/charges", proxy.addr))
+            .header("idempotency-key", "h2")
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .expect("request");
+        let resp = client.request(req).await.expect("h2c response");
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        assert_eq!(resp.status(), 201);
+        let replayed = resp.headers().contains_key("idempotent-replayed")
+            && resp.headers()["idempotent-replayed"] == "true";
+        bodies.push((
+            replayed,
+            resp.into_body().collect().await.expect("body").to_bytes(),
+        ));
+    }
+    assert!(!bodies[0].0 && bodies[1].0);
+    assert_eq!(bodies[0].1, bodies[1].1);
+    assert_eq!(up.count(), 1);
+}
