@@ -230,7 +230,7 @@ impl Metrics {
         let orphans_released = Counter::default();
         registry.register(
             "idemgate_orphans_released",
-            "Timed-out claims released once the store answered",
+            "Claims released in the background once the store answered again (timed-out claims, failed releases)",
             orphans_released.clone(),
         );
         Self {

@@ -389,3 +389,30 @@ async fn on_concurrent_wait_across_replicas_replays_to_the_waiter() {
     assert_eq!(waited.body, first.body);
     assert_eq!(up.count(), 1);
 }
+
+#[tokio::test]
+async fn a_release_that_failed_is_retried_so_the_key_does_not_turn_outcome_unknown() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start().await;
+    let proxy = Proxy::redis(&redis_yaml(&redis.url(), ""), &up).await;
+    let c = proxy.client();
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.post("/gate/status/503", "busy", "{}").await }
+    });
+    up.wait_for(1).await;
+    // The upstream refuses (503, a release status) while Redis cannot take the release.
+    redis.pause();
+    up.open_gate();
+    assert_eq!(first.await.expect("join").status, 503);
+    redis.resume();
+    proxy
+        .state
+        .metrics
+        .wait_until(|m| m.orphans_released() == 1)
+        .await;
+    let retry = c.post("/gate/status/503", "busy", "{}").await;
+    assert_eq!(retry.status, 503);
+    assert!(!retry.replayed());
+    assert_eq!(up.count(), 2, "the retry executed: the claim was released");
+}

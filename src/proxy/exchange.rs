@@ -351,7 +351,8 @@ impl<S: Store> Keeper<S> {
             Ok(Fenced::Done) => {}
             Ok(Fenced::LeaseLost) => tracing::warn!("claim already lost when releasing it"),
             Err(err) => {
-                tracing::warn!(error = %err, "releasing a claim failed; it ends with its lease");
+                tracing::warn!(error = %err, "releasing a claim failed; retrying in the background");
+                super::handler::release_in_background(&self.state, self.lease, self.lease_for);
             }
         }
     }

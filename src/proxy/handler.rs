@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use super::body::{Capped, ProxyBody, collect_capped};
 use super::upstream::{strip_hop_by_hop, upstream_request};
 use super::{AppState, PolicyId, exchange};
-use crate::config::{OnUnavailable, Policy};
+use crate::config::OnUnavailable;
 use crate::error::{Problem, ProxyError, UnknownCause};
 use crate::idempotency::key::parse_key;
 use crate::idempotency::{
@@ -189,13 +189,13 @@ async fn guarded<S: Store>(
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(err) => {
                 if matches!(err, StoreError::Timeout(_)) {
-                    release_orphan(
+                    release_in_background(
                         state,
                         Lease {
                             key: claim.key,
                             token: claim.token,
                         },
-                        policy,
+                        policy.lease,
                     );
                 }
                 return store_unavailable(state, err, req).await;
@@ -258,12 +258,17 @@ async fn guarded<S: Store>(
     }
 }
 
-/// SPEC §8 "Orphaned claims": a claim that timed out may still have been written. Once
-/// the store answers again, remove it if it is still ours, so that it is not mistaken
-/// for a crashed owner (which would turn the key into `outcome-unknown`).
-fn release_orphan<S: Store>(state: &Arc<AppState<S>>, lease: Lease, policy: &Policy) {
+/// SPEC §8 "Orphaned claims": a claim that timed out may still have been written, and
+/// a release that failed left its marker. Once the store answers again, remove it if it
+/// is still ours, so that a request that never executed is not mistaken for a crashed
+/// owner (which would turn the key into `outcome-unknown`). Best effort, for `lease`.
+pub(super) fn release_in_background<S: Store>(
+    state: &Arc<AppState<S>>,
+    lease: Lease,
+    lease_for: Duration,
+) {
     let state = Arc::clone(state);
-    let give_up = tokio::time::Instant::now() + policy.lease;
+    let give_up = tokio::time::Instant::now() + lease_for;
     state.tasks.clone().spawn(async move {
         let mut pause = Duration::from_millis(50);
         while tokio::time::Instant::now() < give_up {
