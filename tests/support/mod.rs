@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod bin;
+pub mod chaos;
 pub mod fault;
 pub mod redis;
 pub mod upstream;
