@@ -62,27 +62,41 @@ struct Keeper<S> {
     state: Arc<AppState<S>>,
     lease: Lease,
     lease_for: Duration,
-    /// When the lease ends unless renewed.
+    /// When the lease ends unless renewed: the last successful renewal plus `lease`.
     expires: Instant,
+    /// When to renew next: `lease/3` after the last attempt.
+    next_renewal: Instant,
     lost: bool,
 }
 
 impl<S: Store> Keeper<S> {
+    /// Takes charge of a lease acquired just now.
+    fn new(state: &Arc<AppState<S>>, lease: Lease, lease_for: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            state: Arc::clone(state),
+            lease,
+            lease_for,
+            expires: now + lease_for,
+            next_renewal: now + lease_for / 3,
+            lost: false,
+        }
+    }
+
     /// Awaits `work`, renewing the lease every `lease/3` meanwhile.
     async fn renewing<F: Future>(&mut self, work: F) -> F::Output {
         tokio::pin!(work);
-        let period = self.lease_for / 3;
         loop {
-            let next = self.expires - self.lease_for + period;
             tokio::select! {
                 out = &mut work => return out,
-                () = tokio::time::sleep_until(next), if !self.lost => self.renew().await,
+                () = tokio::time::sleep_until(self.next_renewal), if !self.lost => self.renew().await,
             }
         }
     }
 
     async fn renew(&mut self) {
         let asked = Instant::now();
+        self.next_renewal = asked + self.lease_for / 3;
         match self
             .state
             .store_call(
@@ -93,12 +107,8 @@ impl<S: Store> Keeper<S> {
         {
             Ok(Fenced::Done) => self.expires = asked + self.lease_for,
             Ok(Fenced::LeaseLost) => self.lost = true,
-            // Try again at the next period; the lease is still good until `expires`.
-            Err(err) => {
-                tracing::warn!(error = %err, "lease renewal failed");
-                let period = self.lease_for / 3;
-                self.expires = (self.expires + period).min(Instant::now() + self.lease_for);
-            }
+            // Tried again at the next period; the lease holds until `expires` meanwhile.
+            Err(err) => tracing::warn!(error = %err, "lease renewal failed"),
         }
     }
 }
@@ -110,13 +120,7 @@ async fn run<S: Store>(
     req: Guarded,
 ) -> Reply {
     let policy = state.policy(id);
-    let mut keeper = Keeper {
-        state: Arc::clone(state),
-        lease,
-        lease_for: policy.lease,
-        expires: Instant::now() + policy.lease,
-        lost: false,
-    };
+    let mut keeper = Keeper::new(state, lease, policy.lease);
     let deadline = Instant::now() + state.config.upstream.timeout;
     let request = upstream_request(
         &state.config.upstream.url,
@@ -264,13 +268,7 @@ pub(super) async fn record_lease_expired<S: Store>(
         headers: problem.headers(),
         body: StoredBody::Stored(problem.body()),
     };
-    let keeper = Keeper {
-        state: Arc::clone(state),
-        lease,
-        lease_for: policy.lease,
-        expires: Instant::now() + policy.lease,
-        lost: false,
-    };
+    let keeper = Keeper::new(state, lease, policy.lease);
     let _ = keeper.record(record, policy.ttl).await;
     Ok(Reply::new(
         Outcome::OutcomeUnknown,

@@ -221,7 +221,9 @@ async fn guarded<S: Store>(
                         .await
                     {
                         Ok(w) => watch = Some(w),
-                        Err(err) => return store_unavailable(state, err, req).await,
+                        // Another request holds this key: forwarding it unguarded
+                        // (pass_through) would knowingly execute it twice.
+                        Err(err) => return Err(ProxyError::StoreUnavailable(err)),
                     },
                     Some(w) => {
                         if tokio::time::Instant::now() >= deadline {
@@ -245,7 +247,8 @@ async fn guarded<S: Store>(
                         continue;
                     }
                     Ok(None) => return Err(in_flight()),
-                    Err(err) => return store_unavailable(state, err, req).await,
+                    // As above: the key is known to be taken.
+                    Err(err) => return Err(ProxyError::StoreUnavailable(err)),
                 };
                 return match then {
                     AfterTakeOver::Forward => Ok(exchange::execute(state, id, lease, req).await),
