@@ -1,0 +1,379 @@
+//! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
+//!
+//! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//!
+//! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
+//! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store and on
+//! a redis-server of its own, and nginx when it is on `PATH`; then drives each target
+//! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
+//! baseline measured in the same run, Redis commands per request, and the targets of
+//! issue 6. See BENCHMARKS.md.
+//!
+//! # Layout
+//!
+//! - `harness.rs`: arguments, the run plan (start targets, measure each scenario).
+//! - [`servers`]: the upstream and the baseline plain proxy.
+//! - [`targets`]: starting the targets; one measured (target, scenario).
+//! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
+//! - [`load`]: the load generator and its latency histogram.
+//! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
+//! - [`report`]: the table, the correctness checks and the targets.
+
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark reports on the terminal"
+)]
+
+// A crate root finds its modules next to itself; these live in `benches/harness/`.
+#[path = "harness/cpu.rs"]
+mod cpu;
+#[path = "harness/load.rs"]
+mod load;
+#[path = "harness/procs.rs"]
+mod procs;
+#[path = "harness/report.rs"]
+mod report;
+#[path = "harness/servers.rs"]
+mod servers;
+#[path = "harness/targets.rs"]
+mod targets;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use procs::{Proc, TempDir};
+use targets::Started;
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const USAGE: &str = "\
+usage: cargo bench --bench harness -- [OPTIONS]
+  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
+  --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
+  --concurrency N     keep-alive connections, one request each  [32; smoke 4]
+  --smoke             a ~3 s run of everything that exits non-zero on any failure
+                      (also what `cargo test --benches` runs: no arguments at all)
+  --targets LIST      subset of memory,redis,nginx (the baseline always runs)
+  --scenarios LIST    subset of unguarded,miss,hit
+  --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
+  harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TargetKind {
+    Baseline,
+    Memory,
+    Redis,
+    Nginx,
+}
+
+impl TargetKind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TargetKind::Baseline => "plain-proxy",
+            TargetKind::Memory => "idemgate-memory",
+            TargetKind::Redis => "idemgate-redis",
+            TargetKind::Nginx => "nginx",
+        }
+    }
+
+    fn is_idemgate(self) -> bool {
+        matches!(self, TargetKind::Memory | TargetKind::Redis)
+    }
+}
+
+/// The request shape of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// `POST /unguarded`, no key: a route with `enabled: false`.
+    Unguarded,
+    /// `POST /charges` with a fresh key per request: claim, forward, record.
+    Miss,
+    /// `POST /charges` with one key, executed once before the run: every request replays.
+    Hit,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 3] = [Scenario::Unguarded, Scenario::Miss, Scenario::Hit];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Scenario::Unguarded => "unguarded",
+            Scenario::Miss => "miss",
+            Scenario::Hit => "hit",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Scenario::Unguarded => "/unguarded",
+            Scenario::Miss | Scenario::Hit => "/charges",
+        }
+    }
+
+    /// Top-level Redis commands a request costs (SPEC §5: a replay one round trip, a
+    /// first execution two, a pass-through none).
+    pub(crate) fn redis_commands(self) -> u64 {
+        match self {
+            Scenario::Unguarded => 0,
+            Scenario::Miss => 2,
+            Scenario::Hit => 1,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Args {
+    duration: Duration,
+    warmup: Duration,
+    concurrency: usize,
+    smoke: bool,
+    targets: Vec<TargetKind>,
+    scenarios: Vec<Scenario>,
+    /// idemgate's `log.level`.
+    log_level: String,
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = argv.iter().position(|a| a == "--plain-proxy") {
+        return match (argv.get(i + 1), argv.get(i + 2)) {
+            (Some(listen), Some(upstream)) => servers::plain_proxy_main(listen, upstream),
+            _ => {
+                eprintln!("{USAGE}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = match parse(&argv) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("harness: {err}\n{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("harness: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let started = Instant::now();
+    // On SIGINT or SIGTERM the bench future is dropped, and with it every process guard.
+    let result = runtime.block_on(async {
+        tokio::select! {
+            result = bench(&args) => result,
+            signal = interrupted() => Err(format!("stopped by {signal}").into()),
+        }
+    });
+    // Stops the upstream and any load task left behind by an error.
+    drop(runtime);
+    let took = started.elapsed().as_secs_f64();
+    match result {
+        Ok(true) => {
+            println!("\nharness: ok in {took:.1} s");
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            eprintln!("\nharness: FAILED (see the problems above), {took:.1} s");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!("\nharness: error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM with the signal's name.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
+    // `cargo bench` passes `--bench`; `cargo test --benches` (or `--all-targets`) passes
+    // nothing, and then a quick correctness check is what a test run wants.
+    let smoke = argv.is_empty() || argv.iter().any(|a| a == "--smoke");
+    let mut args = Args {
+        duration: Duration::from_secs_f64(if smoke { 0.2 } else { 10.0 }),
+        warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
+        concurrency: if smoke { 4 } else { 32 },
+        smoke,
+        targets: vec![TargetKind::Memory, TargetKind::Redis, TargetKind::Nginx],
+        scenarios: Scenario::ALL.to_vec(),
+        log_level: "warn".to_owned(),
+    };
+    let seconds = |v: &str| -> Result<Duration, BoxError> {
+        let secs: f64 = v
+            .parse()
+            .map_err(|_| format!("not a number of seconds: {v}"))?;
+        if !(0.0..=3600.0).contains(&secs) {
+            return Err(format!("seconds out of range (0..=3600): {v}").into());
+        }
+        Ok(Duration::from_secs_f64(secs))
+    };
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            // `cargo bench` passes `--bench` to every bench binary.
+            "--bench" | "--smoke" => {}
+            "--help" | "-h" => return Ok(None),
+            "--duration" => args.duration = seconds(value()?)?,
+            "--warmup" => args.warmup = seconds(value()?)?,
+            "--concurrency" => {
+                let v = value()?;
+                args.concurrency = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or_else(|| format!("--concurrency: 1..=4096, not {v}"))?;
+            }
+            "--targets" => {
+                args.targets = list(value()?, |name| match name {
+                    "memory" => Some(TargetKind::Memory),
+                    "redis" => Some(TargetKind::Redis),
+                    "nginx" => Some(TargetKind::Nginx),
+                    _ => None,
+                })?;
+            }
+            "--scenarios" => {
+                args.scenarios = list(value()?, |name| {
+                    Scenario::ALL.into_iter().find(|s| s.name() == name)
+                })?;
+            }
+            "--idemgate-log" => {
+                let v = value()?;
+                if v.is_empty() || v.contains(['"', '\\', '\n', '\r']) {
+                    return Err(format!("--idemgate-log: not a level: {v:?}").into());
+                }
+                v.clone_into(&mut args.log_level);
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if args.duration.is_zero() {
+        return Err("--duration must be more than 0".into());
+    }
+    Ok(Some(args))
+}
+
+fn list<T>(value: &str, pick: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, BoxError> {
+    value
+        .split(',')
+        .map(|name| pick(name.trim()).ok_or_else(|| format!("unknown name {name}").into()))
+        .collect()
+}
+
+/// Starts everything, measures every (scenario, target) in sequence, prints the report.
+/// `Ok(false)`: it ran, but some check failed.
+async fn bench(args: &Args) -> Result<bool, BoxError> {
+    if args.smoke {
+        load::self_check()?;
+    }
+    // Dropped last: the processes below write their logs into it until they stop.
+    let dir = TempDir::new()?;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let upstream = listener.local_addr()?;
+    tokio::spawn(servers::upstream(listener));
+
+    let Started {
+        mut procs,
+        targets,
+        notes,
+        idemgate,
+        redis_server,
+        nginx,
+    } = targets::start(dir.path(), upstream, &args.targets, &args.log_level).await?;
+
+    report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
+    println!(
+        "load: rust generator (wrk is not used), {} keep-alive connections, {:.2} s warm-up + {:.2} s measured per run, request body {} B, response body {} B",
+        args.concurrency,
+        args.warmup.as_secs_f64(),
+        args.duration.as_secs_f64(),
+        load::REQUEST_BODY.len(),
+        servers::RESPONSE_BODY.len(),
+    );
+    println!(
+        "upstream: {upstream} (in the harness process); idemgate log.level {}",
+        args.log_level
+    );
+    for proc in &procs {
+        println!("started: {} pid {}", proc.name, proc.pid());
+    }
+    for note in &notes {
+        println!("note: {note}");
+    }
+    println!();
+
+    // Every run gets keys no other run used, even against a long-lived Redis.
+    let nonce = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros())
+    );
+    // The harness itself (load generator and upstream) and every process started.
+    let watched: Vec<cpu::Watched> = std::iter::once(cpu::Watched {
+        pid: std::process::id(),
+        children: false,
+    })
+    .chain(procs.iter().map(|p| cpu::Watched {
+        pid: p.pid(),
+        children: p.name == "nginx",
+    }))
+    .collect();
+    let mut rows = Vec::new();
+    for &scenario in &args.scenarios {
+        for &target in &targets {
+            let row = target.measure(scenario, args, &nonce, &watched).await;
+            if let Err(died) = alive(&mut procs) {
+                return Err(died.into());
+            }
+            report::progress(&row);
+            rows.push(row);
+        }
+    }
+    println!();
+    Ok(report::summary(
+        &rows,
+        &notes,
+        args.smoke,
+        redis_server.is_some(),
+    ))
+}
+
+/// An error naming a started process that has exited, with its log.
+fn alive(procs: &mut [Proc]) -> Result<(), String> {
+    for proc in procs.iter_mut() {
+        if let Some(status) = proc.exited() {
+            return Err(format!(
+                "{} exited during the run with {status}:\n{}",
+                proc.name,
+                proc.log_tail()
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! CPU accounting from `/proc`: what the measured proxy spent per request (CPU time and
+//! context switches), and how much of the machine something outside the harness took
+//! meanwhile (a parallel build on a 2-core box moves requests/s by tens of percent; the
+//! "other load" column makes that visible).
+
+use std::time::Instant;
+
+/// Ticks per second of `/proc` CPU times (`USER_HZ`, 100 on every Linux architecture).
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// A process whose CPU time is taken.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watched {
+    pub(crate) pid: u32,
+    /// Add its direct children (nginx's workers); not for the harness, whose children
+    /// are the other targets.
+    pub(crate) children: bool,
+}
+
+/// What a process has used so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    /// utime + stime.
+    ticks: u64,
+    /// Voluntary and involuntary context switches over all its threads.
+    switches: u64,
+}
+
+impl Counters {
+    fn of(pid: u32) -> Self {
+        Self {
+            ticks: stat(pid).map_or(0, |(_, ticks)| ticks),
+            switches: switches(pid),
+        }
+    }
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            ticks: self.ticks + other.ticks,
+            switches: self.switches + other.switches,
+        }
+    }
+}
+
+/// The counters at one instant.
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    at: Instant,
+    /// Machine-wide non-idle ticks, all CPUs, steal excluded.
+    busy: u64,
+    steal: u64,
+    /// Each watched process (with its children if asked), in the order given.
+    procs: Vec<Counters>,
+}
+
+/// Takes a snapshot of the machine and of `watched`.
+pub(crate) fn snapshot(watched: &[Watched]) -> Snapshot {
+    let (busy, steal) = machine().unwrap_or((0, 0));
+    let all = if watched.iter().any(|w| w.children) {
+        every_process()
+    } else {
+        Vec::new()
+    };
+    let procs = watched
+        .iter()
+        .map(|w| {
+            all.iter()
+                .filter(|(ppid, _)| w.children && *ppid == w.pid)
+                .map(|&(_, kid)| Counters::of(kid))
+                .fold(Counters::of(w.pid), Counters::add)
+        })
+        .collect();
+    Snapshot {
+        at: Instant::now(),
+        busy,
+        steal,
+        procs,
+    }
+}
+
+/// The machine between two snapshots.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Usage {
+    /// CPUs the machine used outside the watched processes (other work, other users).
+    pub(crate) other_cpus: f64,
+    /// CPUs the hypervisor took.
+    pub(crate) steal_cpus: f64,
+}
+
+impl Usage {
+    pub(crate) fn between(a: &Snapshot, b: &Snapshot) -> Self {
+        let seconds = (b.at - a.at).as_secs_f64().max(1e-9);
+        let ours: u64 = a
+            .procs
+            .iter()
+            .zip(&b.procs)
+            .map(|(x, y)| y.ticks.saturating_sub(x.ticks))
+            .sum();
+        let busy = b.busy.saturating_sub(a.busy);
+        Self {
+            other_cpus: busy.saturating_sub(ours) as f64 / TICKS_PER_SEC / seconds,
+            steal_cpus: b.steal.saturating_sub(a.steal) as f64 / TICKS_PER_SEC / seconds,
+        }
+    }
+}
+
+/// One watched process between two snapshots, per request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PerRequest {
+    pub(crate) cpu_us: f64,
+    pub(crate) switches: f64,
+}
+
+/// Process number `index` of the snapshots, per request.
+pub(crate) fn per_request(a: &Snapshot, b: &Snapshot, index: usize, requests: u64) -> PerRequest {
+    let (x, y) = (a.procs[index], b.procs[index]);
+    let n = requests.max(1) as f64;
+    PerRequest {
+        cpu_us: y.ticks.saturating_sub(x.ticks) as f64 / TICKS_PER_SEC * 1e6 / n,
+        switches: y.switches.saturating_sub(x.switches) as f64 / n,
+    }
+}
+
+/// `(busy, steal)` ticks from the `cpu` line of `/proc/stat`.
+fn machine() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4)?;
+    let steal = *v.get(7)?;
+    Some((total - idle - steal, steal))
+}
+
+/// `(ppid, utime + stime)` of a process.
+fn stat(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields follow the last `)`.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ppid = rest.get(1)?.parse().ok()?;
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((ppid, utime + stime))
+}
+
+/// Context switches of every thread of a process (threads that ended are not counted;
+/// tokio's workers live as long as the process).
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// `(ppid, pid)` of every process, to add nginx's workers to their master.
+fn every_process() -> Vec<(u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((stat(pid)?.0, pid)))
+        .collect()
+}

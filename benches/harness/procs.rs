@@ -1,0 +1,340 @@
+//! The processes the harness starts (the baseline proxy, idemgate, redis-server, nginx),
+//! each behind a guard that stops it when dropped — on success, on error and on panic —
+//! and the temp dir that holds their configs and logs.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::BoxError;
+
+/// How long a started server may take to accept connections.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a server gets to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// Attempts with a new port when the chosen one was taken in the meantime.
+const PORT_ATTEMPTS: usize = 5;
+
+/// A directory under the system temp dir, removed on drop.
+#[derive(Debug)]
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    pub(crate) fn new() -> Result<Self, BoxError> {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path =
+            std::env::temp_dir().join(format!("idemgate-bench-{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process: SIGTERM, then SIGKILL after [`STOP_GRACE`], and reaped, on drop.
+#[derive(Debug)]
+pub(crate) struct Proc {
+    pub(crate) name: String,
+    child: Child,
+    log: PathBuf,
+    /// Held open so that a child watching its stdin exits when the harness is gone.
+    _stdin: Option<ChildStdin>,
+}
+
+impl Proc {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How the process ended, if it has.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The end of the child's stdout and stderr, for error messages.
+    pub(crate) fn log_tail(&self) -> String {
+        let log = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // Graceful first: nginx's workers outlive a SIGKILLed master.
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+            let deadline = Instant::now() + STOP_GRACE;
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port on 127.0.0.1 that nobody listens on right now.
+pub(crate) fn free_port() -> Result<u16, BoxError> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts a server on a free port and waits until it accepts connections. `command`
+/// builds the command line for a port (writing any config file it needs); a start that
+/// fails because the port was taken meanwhile is retried on another port.
+pub(crate) async fn spawn_server(
+    name: &str,
+    dir: &Path,
+    watch_stdin: bool,
+    mut command: impl FnMut(u16) -> Result<Command, BoxError>,
+) -> Result<(Proc, SocketAddr), BoxError> {
+    let log = dir.join(format!("{name}.log"));
+    for _ in 0..PORT_ATTEMPTS {
+        let port = free_port()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut cmd = command(port)?;
+        let out = File::create(&log)?;
+        cmd.stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(if watch_stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {name} ({:?}): {e}", cmd.get_program()))?;
+        let stdin = child.stdin.take();
+        let mut proc = Proc {
+            name: name.to_owned(),
+            child,
+            log: log.clone(),
+            _stdin: stdin,
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = proc.child.try_wait() {
+                let tail = proc.log_tail();
+                if tail.contains("in use") {
+                    break; // the port was taken; try another
+                }
+                return Err(format!("{name} exited with {status}:\n{tail}").into());
+            }
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok((proc, addr));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{name} did not accept connections within {READY_TIMEOUT:?}:\n{}",
+                    proc.log_tail()
+                )
+                .into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    Err(format!("{name}: no free port after {PORT_ATTEMPTS} attempts").into())
+}
+
+/// The path of `program` when it is on `PATH`.
+pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}
+
+/// The first line a command prints (stdout or stderr), e.g. a version.
+pub(crate) fn first_line(program: &Path, args: &[&str]) -> String {
+    match Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(out) => {
+            let text = if out.stdout.is_empty() {
+                out.stderr
+            } else {
+                out.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        }
+        Err(err) => format!("({err})"),
+    }
+}
+
+/// The idemgate binary: `IDEMGATE_BIN` if set, else the one cargo built for this bench.
+/// Cargo builds a package's binaries before its benchmarks, with the same profile, and
+/// tells the bench where through `CARGO_BIN_EXE_<name>`, so `cargo bench` always runs
+/// the current source, wherever the target dir is (`CARGO_TARGET_DIR`, `--target`).
+pub(crate) fn idemgate_bin() -> Result<PathBuf, BoxError> {
+    let path = std::env::var_os("IDEMGATE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_idemgate")),
+        PathBuf::from,
+    );
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("idemgate binary not found at {}", path.display()).into())
+    }
+}
+
+/// Which store an idemgate target uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Store {
+    Memory,
+    /// The port of the harness's redis-server.
+    Redis(u16),
+}
+
+/// idemgate's config: `/charges` guarded (key required), `/unguarded` passed through,
+/// no admin listener, `log.level` as given (`warn` by default: the per-request access
+/// line is at info). The level was checked to hold no quote or line break.
+pub(crate) fn idemgate_yaml(
+    listen: u16,
+    upstream: SocketAddr,
+    store: Store,
+    log_level: &str,
+) -> String {
+    let store = match store {
+        Store::Memory => "  kind: memory\n".to_owned(),
+        Store::Redis(port) => format!("  kind: redis\n  url: redis://127.0.0.1:{port}/0\n"),
+    };
+    format!(
+        "listen: 127.0.0.1:{listen}\n\
+         upstream:\n  url: http://{upstream}\n\
+         store:\n{store}\
+         routes:\n\
+         \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
+         \x20 - path: /unguarded\n    enabled: false\n\
+         admin:\n  listen: null\n\
+         log:\n  level: \"{log_level}\"\n"
+    )
+}
+
+/// nginx as a plain keep-alive `proxy_pass`, one worker per CPU, everything in `dir`.
+pub(crate) fn nginx_conf(listen: u16, upstream: SocketAddr, dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "worker_processes auto;\n\
+         daemon off;\n\
+         pid {d}/nginx.pid;\n\
+         error_log {d}/nginx-error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n\
+         \x20 access_log off;\n\
+         \x20 client_body_temp_path {d}/nginx-body;\n\
+         \x20 proxy_temp_path {d}/nginx-proxy;\n\
+         \x20 fastcgi_temp_path {d}/nginx-fastcgi;\n\
+         \x20 uwsgi_temp_path {d}/nginx-uwsgi;\n\
+         \x20 scgi_temp_path {d}/nginx-scgi;\n\
+         \x20 upstream app {{ server {upstream}; keepalive 64; }}\n\
+         \x20 server {{\n\
+         \x20   listen 127.0.0.1:{listen};\n\
+         \x20   location / {{\n\
+         \x20     proxy_pass http://app;\n\
+         \x20     proxy_http_version 1.1;\n\
+         \x20     proxy_set_header Connection \"\";\n\
+         \x20     proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
+         \x20     proxy_set_header X-Forwarded-Proto http;\n\
+         \x20   }}\n\
+         \x20 }}\n\
+         }}\n"
+    )
+}
+
+/// Commands that idemgate's Lua scripts run inside EVALSHA. Redis counts them in
+/// `INFO commandstats` too, but they cost no round trip.
+const INSIDE_SCRIPTS: [&str; 7] = ["get", "set", "time", "publish", "del", "pttl", "pexpire"];
+
+/// Calls per command from `INFO commandstats`, over a raw RESP connection.
+pub(crate) async fn command_stats(port: u16) -> Result<BTreeMap<String, u64>, BoxError> {
+    let fetch = async {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+            .await?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = conn.read(&mut chunk).await?;
+            if n == 0 {
+                return Err::<String, BoxError>("redis closed the connection".into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            // `$LEN\r\n` then LEN bytes then `\r\n`.
+            let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+                continue;
+            };
+            let header = std::str::from_utf8(&buf[..eol])?;
+            let len: usize = header
+                .strip_prefix('$')
+                .ok_or_else(|| format!("INFO answered {header}"))?
+                .parse()?;
+            if buf.len() >= eol + 2 + len {
+                return Ok(String::from_utf8_lossy(&buf[eol + 2..eol + 2 + len]).into_owned());
+            }
+        }
+    };
+    let info = tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .map_err(|_| "INFO commandstats: no answer within 5s")??;
+    let mut stats = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line
+            .trim()
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if let Some(calls) = fields.split(',').find_map(|f| f.strip_prefix("calls=")) {
+            stats.insert(name.to_ascii_lowercase(), calls.parse()?);
+        }
+    }
+    Ok(stats)
+}
+
+/// Commands sent between two snapshots: `(top-level by name, inside scripts)`.
+/// Top-level is every command but those the scripts run and the harness's own `INFO`.
+pub(crate) fn command_delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> (BTreeMap<String, u64>, u64) {
+    let mut top = BTreeMap::new();
+    let mut inside = 0;
+    for (name, calls) in after {
+        let delta = calls.saturating_sub(before.get(name).copied().unwrap_or(0));
+        let base = name.split('|').next().unwrap_or(name);
+        if base == "info" {
+            continue;
+        }
+        if INSIDE_SCRIPTS.contains(&base) {
+            inside += delta;
+        } else if delta > 0 {
+            top.insert(name.clone(), delta);
+        }
+    }
+    (top, inside)
+}

@@ -1,0 +1,367 @@
+//! What the harness prints: the machine, one line per run, the table with ratios to the
+//! baseline, the targets of issue 6, and every failed check.
+
+use std::path::Path;
+
+use crate::cpu::{PerRequest, Usage};
+use crate::load::Outcome;
+use crate::procs;
+use crate::{Scenario, TargetKind};
+
+/// One measured (target, scenario).
+#[derive(Debug)]
+pub(crate) struct Row {
+    target: TargetKind,
+    scenario: Scenario,
+    outcome: Outcome,
+    redis: Option<RedisUse>,
+    cpu: Cpu,
+    /// Failed correctness checks.
+    problems: Vec<String>,
+}
+
+/// What the Redis target sent to Redis during a run (warm-up included).
+#[derive(Debug)]
+pub(crate) struct RedisUse {
+    /// Top-level commands per request: each one a round trip.
+    pub(crate) round_trips: f64,
+    /// Commands the Lua scripts ran, per request.
+    pub(crate) inside_scripts: f64,
+    /// Top-level commands by name, e.g. `evalsha 123456`.
+    pub(crate) commands: String,
+}
+
+/// Where the CPU went during the measured window, per measured request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cpu {
+    /// The target process (nginx: with its workers).
+    pub(crate) proxy: PerRequest,
+    pub(crate) redis: Option<PerRequest>,
+    /// The load generator and the upstream.
+    pub(crate) harness: PerRequest,
+    pub(crate) usage: Usage,
+}
+
+/// Other load above this many CPUs makes a run's ratios suspect.
+const DISTURBED_CPUS: f64 = 0.10;
+
+impl Row {
+    pub(crate) fn new(
+        target: TargetKind,
+        scenario: Scenario,
+        outcome: Outcome,
+        redis: Option<RedisUse>,
+        cpu: Cpu,
+        mut problems: Vec<String>,
+    ) -> Self {
+        if outcome.measured == 0 {
+            problems.push("no request completed in the measured window".to_owned());
+        }
+        if outcome.failures() > 0 {
+            problems.push(format!(
+                "{} failed requests ({} non-2xx, {} transport errors, {} with the wrong Idempotent-Replayed); first: {}",
+                outcome.failures(),
+                outcome.non_2xx,
+                outcome.transport_errors,
+                outcome.replay_mismatches,
+                outcome.first_problem.as_deref().unwrap_or("?"),
+            ));
+        }
+        if let Some(redis) = &redis {
+            let want = scenario.redis_commands();
+            if redis.round_trips.round() as u64 != want {
+                problems.push(format!(
+                    "{:.2} Redis commands per request ({}), want {want} (SPEC §5)",
+                    redis.round_trips,
+                    if redis.commands.is_empty() {
+                        "none"
+                    } else {
+                        &redis.commands
+                    }
+                ));
+            }
+        }
+        Self {
+            target,
+            scenario,
+            outcome,
+            redis,
+            cpu,
+            problems,
+        }
+    }
+
+    fn p50_ms(&self) -> f64 {
+        self.outcome.latencies.quantile(0.50).as_secs_f64() * 1e3
+    }
+
+    fn p99_ms(&self) -> f64 {
+        self.outcome.latencies.quantile(0.99).as_secs_f64() * 1e3
+    }
+}
+
+/// The machine the numbers come from.
+pub(crate) fn machine(idemgate: &Path, redis: Option<&Path>, nginx: Option<&Path>) {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |text: &str, key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(|| "unknown".to_owned(), |(_, v)| v.trim().to_owned())
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    println!("machine: nproc {nproc}, {}", field(&cpuinfo, "model name"));
+    println!(
+        "         memory {}, kernel {}",
+        field(&meminfo, "MemTotal"),
+        kernel.trim()
+    );
+    println!("idemgate: {}", idemgate.display());
+    if let Some(redis) = redis {
+        println!("redis: {}", procs::first_line(redis, &["--version"]));
+    }
+    if let Some(nginx) = nginx {
+        println!("nginx: {}", procs::first_line(nginx, &["-v"]));
+    }
+}
+
+/// One line as soon as a run ends.
+pub(crate) fn progress(row: &Row) {
+    println!(
+        "  {:<16} {:<10} {:>7.0} req/s  p50 {:>6.3} ms  p99 {:>6.3} ms  proxy cpu {:>5.1} µs/req  other load {:.2} CPUs{}",
+        row.target.name(),
+        row.scenario.name(),
+        row.outcome.rps(),
+        row.p50_ms(),
+        row.p99_ms(),
+        row.cpu.proxy.cpu_us,
+        row.cpu.usage.other_cpus,
+        if row.problems.is_empty() {
+            ""
+        } else {
+            "  FAILED"
+        },
+    );
+}
+
+/// The table, the targets and the problems. `true` when every check passed.
+pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool, have_redis: bool) -> bool {
+    table(rows);
+    println!();
+    cpu_notes(rows);
+    for note in notes {
+        println!("note: {note}");
+    }
+    goals(rows, smoke);
+    problems(rows, smoke, have_redis)
+}
+
+fn base(rows: &[Row], scenario: Scenario) -> Option<&Row> {
+    rows.iter()
+        .find(|r| r.target == TargetKind::Baseline && r.scenario == scenario)
+}
+
+fn ratio(value: f64, of: f64) -> f64 {
+    if of > 0.0 { value / of } else { f64::NAN }
+}
+
+fn table(rows: &[Row]) {
+    println!(
+        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis cmds/req | redis CPU µs/req | other load (CPUs) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for row in rows {
+        let Some(b) = base(rows, row.scenario) else {
+            continue;
+        };
+        let dash = || "-".to_owned();
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.2} | {:.3} | {} | {} | {:.2} |",
+            row.target.name(),
+            row.scenario.name(),
+            row.outcome.rps(),
+            ratio(row.outcome.rps(), b.outcome.rps()),
+            row.p50_ms(),
+            ratio(row.p50_ms(), b.p50_ms()),
+            row.p99_ms(),
+            ratio(row.p99_ms(), b.p99_ms()),
+            row.cpu.proxy.cpu_us,
+            ratio(row.cpu.proxy.cpu_us, b.cpu.proxy.cpu_us),
+            row.cpu.proxy.switches,
+            row.redis
+                .as_ref()
+                .map_or_else(dash, |r| format!("{:.2}", r.round_trips)),
+            row.cpu
+                .redis
+                .map_or_else(dash, |r| format!("{:.1}", r.cpu_us)),
+            row.cpu.usage.other_cpus,
+        );
+    }
+}
+
+fn cpu_notes(rows: &[Row]) {
+    for row in rows {
+        if let Some(redis) = &row.redis {
+            println!(
+                "redis, {}: top-level commands (each a round trip): {}; {:.2} more per request inside the scripts",
+                row.scenario.name(),
+                if redis.commands.is_empty() {
+                    "none"
+                } else {
+                    &redis.commands
+                },
+                redis.inside_scripts,
+            );
+        }
+    }
+    let harness: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{:.0}", r.cpu.harness.cpu_us))
+        .collect();
+    println!(
+        "the harness process (load generator + upstream), CPU µs/req, row by row: {}",
+        harness.join(", ")
+    );
+    let steal = rows
+        .iter()
+        .map(|r| r.cpu.usage.steal_cpus)
+        .fold(0.0, f64::max);
+    if steal > 0.05 {
+        println!("hypervisor steal: up to {steal:.2} CPUs during a run");
+    }
+    let disturbed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.cpu.usage.other_cpus > DISTURBED_CPUS)
+        .map(|r| format!("{} {}", r.target.name(), r.scenario.name()))
+        .collect();
+    if !disturbed.is_empty() {
+        println!(
+            "WARNING: other processes used more than {DISTURBED_CPUS} CPUs during: {}; their ratios are unreliable",
+            disturbed.join(", ")
+        );
+    }
+}
+
+fn goals(rows: &[Row], smoke: bool) {
+    println!(
+        "\ntargets of issue 6 (ratios to the plain proxy in this run){}:",
+        if smoke {
+            "; meaningless at smoke durations"
+        } else {
+            ""
+        }
+    );
+    for goal in GOALS {
+        let found = rows
+            .iter()
+            .find(|r| r.target == goal.target && r.scenario == goal.scenario);
+        let (Some(row), Some(b)) = (found, base(rows, goal.scenario)) else {
+            println!("  n/a           {}", goal.label);
+            continue;
+        };
+        let value = match goal.metric {
+            Metric::Rps => ratio(row.outcome.rps(), b.outcome.rps()),
+            Metric::P99 => ratio(row.p99_ms(), b.p99_ms()),
+        };
+        let pass = match goal.metric {
+            Metric::Rps => value >= goal.bound,
+            Metric::P99 => value <= goal.bound,
+        };
+        println!(
+            "  {}  {value:>5.2}×  {}",
+            if pass { "PASS" } else { "FAIL" },
+            goal.label
+        );
+    }
+    let nginx = rows
+        .iter()
+        .find(|r| r.target == TargetKind::Nginx && r.scenario == Scenario::Unguarded);
+    if let (Some(nginx), Some(b)) = (nginx, base(rows, Scenario::Unguarded)) {
+        println!(
+            "  info  {:>5.2}×  nginx, unguarded req/s (issue 6 quotes 1.25× from another run)",
+            ratio(nginx.outcome.rps(), b.outcome.rps())
+        );
+    }
+}
+
+/// Prints every failed check; `true` when there is none.
+fn problems(rows: &[Row], smoke: bool, have_redis: bool) -> bool {
+    let mut ok = true;
+    for row in rows {
+        for problem in &row.problems {
+            ok = false;
+            eprintln!(
+                "PROBLEM {} {}: {problem}",
+                row.target.name(),
+                row.scenario.name()
+            );
+        }
+    }
+    if smoke && !have_redis {
+        ok = false;
+        eprintln!("PROBLEM: the smoke run needs redis-server on PATH");
+    }
+    ok
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Metric {
+    Rps,
+    P99,
+}
+
+#[derive(Debug)]
+struct Goal {
+    label: &'static str,
+    target: TargetKind,
+    scenario: Scenario,
+    metric: Metric,
+    bound: f64,
+}
+
+const GOALS: [Goal; 6] = [
+    Goal {
+        label: "miss on Redis, req/s >= 0.60x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    Goal {
+        label: "hit on Redis, req/s >= 0.95x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "miss on memory, req/s >= 0.85x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.85,
+    },
+    Goal {
+        label: "unguarded on memory, req/s >= 1.00x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Unguarded,
+        metric: Metric::Rps,
+        bound: 1.00,
+    },
+    Goal {
+        label: "unguarded on Redis, req/s >= 1.00x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Unguarded,
+        metric: Metric::Rps,
+        bound: 1.00,
+    },
+    Goal {
+        label: "p99 of miss on Redis <= 2.00x the plain proxy's p99",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+];

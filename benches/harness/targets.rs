@@ -1,0 +1,255 @@
+//! Starting the targets (the baseline, idemgate on each store, nginx) and measuring one
+//! (target, scenario): priming, load, CPU and Redis counters, checks.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use crate::procs::{self, Proc, Store};
+use crate::report::{self, Row};
+use crate::{Args, BoxError, Scenario, TargetKind, cpu, load};
+
+/// One started target. Its processes are stopped when [`Started::procs`] is dropped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target {
+    pub(crate) kind: TargetKind,
+    addr: SocketAddr,
+    pid: u32,
+    redis: Option<Redis>,
+}
+
+/// The redis-server behind a target.
+#[derive(Debug, Clone, Copy)]
+struct Redis {
+    port: u16,
+    pid: u32,
+}
+
+/// Everything [`start`] started.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// Every process, to be dropped (stopped) when the harness is done.
+    pub(crate) procs: Vec<Proc>,
+    pub(crate) targets: Vec<Target>,
+    /// Targets skipped, and why.
+    pub(crate) notes: Vec<String>,
+    pub(crate) idemgate: PathBuf,
+    pub(crate) redis_server: Option<PathBuf>,
+    pub(crate) nginx: Option<PathBuf>,
+}
+
+/// Starts the baseline and the `wanted` targets in front of `upstream`, their configs
+/// and logs in `dir`. On an error, what was started so far is stopped.
+pub(crate) async fn start(
+    dir: &Path,
+    upstream: SocketAddr,
+    wanted: &[TargetKind],
+    log_level: &str,
+) -> Result<Started, BoxError> {
+    let mut procs: Vec<Proc> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut targets = Vec::new();
+    let exe = std::env::current_exe()?;
+    let (proc, addr) = procs::spawn_server("plain-proxy", dir, true, |port| {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--plain-proxy")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("http://{upstream}"));
+        Ok(cmd)
+    })
+    .await?;
+    targets.push(Target {
+        kind: TargetKind::Baseline,
+        addr,
+        pid: proc.pid(),
+        redis: None,
+    });
+    procs.push(proc);
+
+    let idemgate = procs::idemgate_bin()?;
+    let start_idemgate = |kind: TargetKind, store: Store| {
+        let dir = dir.to_owned();
+        let bin = idemgate.clone();
+        async move {
+            let config = dir.join(format!("{}.yaml", kind.name()));
+            procs::spawn_server(kind.name(), &dir, false, |port| {
+                std::fs::write(
+                    &config,
+                    procs::idemgate_yaml(port, upstream, store, log_level),
+                )?;
+                let mut cmd = Command::new(&bin);
+                cmd.arg("--config").arg(&config);
+                Ok(cmd)
+            })
+            .await
+        }
+    };
+    if wanted.contains(&TargetKind::Memory) {
+        let (proc, addr) = start_idemgate(TargetKind::Memory, Store::Memory).await?;
+        targets.push(Target {
+            kind: TargetKind::Memory,
+            addr,
+            pid: proc.pid(),
+            redis: None,
+        });
+        procs.push(proc);
+    }
+    let redis_server = procs::on_path("redis-server");
+    if wanted.contains(&TargetKind::Redis) {
+        match &redis_server {
+            Some(redis) => {
+                let redis_dir = dir.to_owned();
+                let (proc, redis_addr) = procs::spawn_server("redis-server", dir, false, |port| {
+                    let mut cmd = Command::new(redis);
+                    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                        .arg("--dir")
+                        .arg(&redis_dir);
+                    Ok(cmd)
+                })
+                .await?;
+                let redis = Redis {
+                    port: redis_addr.port(),
+                    pid: proc.pid(),
+                };
+                procs.push(proc);
+                let (proc, addr) =
+                    start_idemgate(TargetKind::Redis, Store::Redis(redis.port)).await?;
+                targets.push(Target {
+                    kind: TargetKind::Redis,
+                    addr,
+                    pid: proc.pid(),
+                    redis: Some(redis),
+                });
+                procs.push(proc);
+            }
+            None => notes.push("idemgate-redis skipped: redis-server is not on PATH".to_owned()),
+        }
+    }
+    let nginx = procs::on_path("nginx");
+    if wanted.contains(&TargetKind::Nginx) {
+        match &nginx {
+            Some(nginx) => {
+                let conf = dir.join("nginx.conf");
+                let prefix = dir.to_owned();
+                let (proc, addr) = procs::spawn_server("nginx", dir, false, |port| {
+                    std::fs::write(&conf, procs::nginx_conf(port, upstream, &prefix))?;
+                    let mut cmd = Command::new(nginx);
+                    cmd.arg("-p").arg(&prefix).arg("-c").arg(&conf);
+                    Ok(cmd)
+                })
+                .await?;
+                targets.push(Target {
+                    kind: TargetKind::Nginx,
+                    addr,
+                    pid: proc.pid(),
+                    redis: None,
+                });
+                procs.push(proc);
+            }
+            None => notes.push("nginx skipped: not on PATH".to_owned()),
+        }
+    }
+
+    Ok(Started {
+        procs,
+        targets,
+        notes,
+        idemgate,
+        redis_server,
+        nginx,
+    })
+}
+
+impl Target {
+    /// One (target, scenario) run, with its correctness checks.
+    pub(crate) async fn measure(
+        self,
+        scenario: Scenario,
+        args: &Args,
+        nonce: &str,
+        watched: &[cpu::Watched],
+    ) -> Row {
+        let mut problems = Vec::new();
+        let keys = match scenario {
+            Scenario::Unguarded => load::Keys::None,
+            Scenario::Miss => load::Keys::Fresh(format!("miss-{nonce}-{}", self.kind.name())),
+            Scenario::Hit => load::Keys::Fixed(format!("hit-{nonce}-{}", self.kind.name())),
+        };
+        if let load::Keys::Fixed(key) = &keys {
+            // The first request executes; it is made before the run so that every measured
+            // request is a replay (and none races the first into 409 in-flight).
+            match load::one_request(self.addr, scenario.path(), Some(key)).await {
+                Ok((status, false)) if status.is_success() => {}
+                Ok((status, replayed)) => problems.push(format!(
+                    "priming the hit key: {status}, replayed {replayed} (want 2xx, first execution)"
+                )),
+                Err(err) => problems.push(format!("priming the hit key: {err}")),
+            }
+        }
+        let before = match self.redis {
+            Some(redis) => procs::command_stats(redis.port).await.map(Some),
+            None => Ok(None),
+        };
+        let plan = Arc::new(load::Plan {
+            addr: self.addr,
+            path: scenario.path(),
+            keys,
+            expect_replayed: self.kind.is_idemgate() && scenario == Scenario::Hit,
+            concurrency: args.concurrency,
+            warmup: args.warmup,
+            duration: args.duration,
+        });
+        // CPU is sampled over the measured window only, next to the load run.
+        let run = tokio::spawn(load::run(plan));
+        tokio::time::sleep(args.warmup).await;
+        let cpu_from = cpu::snapshot(watched);
+        tokio::time::sleep(args.duration).await;
+        let cpu_to = cpu::snapshot(watched);
+        let outcome = run.await.unwrap_or_else(|err| {
+            problems.push(format!("the load run failed: {err}"));
+            load::Outcome::default()
+        });
+        let per_request = |pid: u32| {
+            let index = watched.iter().position(|w| w.pid == pid)?;
+            Some(cpu::per_request(
+                &cpu_from,
+                &cpu_to,
+                index,
+                outcome.measured,
+            ))
+        };
+        let unknown = cpu::PerRequest {
+            cpu_us: f64::NAN,
+            switches: f64::NAN,
+        };
+        let cpu = report::Cpu {
+            proxy: per_request(self.pid).unwrap_or(unknown),
+            redis: self.redis.and_then(|r| per_request(r.pid)),
+            harness: per_request(std::process::id()).unwrap_or(unknown),
+            usage: cpu::Usage::between(&cpu_from, &cpu_to),
+        };
+        let mut redis = None;
+        if let Some(r) = self.redis {
+            match (before, procs::command_stats(r.port).await) {
+                (Ok(Some(before)), Ok(after)) => {
+                    let (top, inside) = procs::command_delta(&before, &after);
+                    let per = |n: u64| n as f64 / outcome.completed.max(1) as f64;
+                    redis = Some(report::RedisUse {
+                        round_trips: per(top.values().sum()),
+                        inside_scripts: per(inside),
+                        commands: top
+                            .iter()
+                            .map(|(name, calls)| format!("{name} {calls}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
+                (Err(err), _) | (_, Err(err)) => problems.push(format!("INFO commandstats: {err}")),
+                (Ok(None), _) => {}
+            }
+        }
+        Row::new(self.kind, scenario, outcome, redis, cpu, problems)
+    }
+}
