@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use idemgate::metrics::{Metrics, Outcome};
 use idemgate::store::RedisStore;
+use support::monitor::Monitor;
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, Upstream};
 
@@ -109,16 +110,6 @@ async fn two_replicas_on_a_three_master_cluster_execute_once_per_key() {
     );
 }
 
-/// Commands idemgate sent, as opposed to those its scripts ran inside Redis (which
-/// commandstats counts too): idemgate only ever sends these from within a script.
-fn round_trips(redis: &RedisServer) -> u64 {
-    let inside_scripts: u64 = ["get", "set", "time", "publish", "del", "pttl", "pexpire"]
-        .iter()
-        .map(|c| redis.command_calls(c))
-        .sum();
-    redis.total_calls() - inside_scripts
-}
-
 #[tokio::test]
 async fn a_replay_costs_one_command_and_a_first_execution_two() {
     let redis = RedisServer::start().await;
@@ -128,24 +119,47 @@ async fn a_replay_costs_one_command_and_a_first_execution_two() {
     // Warm up: connection set-up and script loading are not per-request costs.
     c.post("/charges", "warm-up", "{}").await;
     c.post("/charges", "warm-up", "{}").await;
+    let mut monitor = Monitor::start(redis.port).await;
+    let _ = monitor.sent().await;
 
-    let before = round_trips(&redis);
     let first = c.post("/charges", "budget", "{}").await;
     assert_eq!(first.status, 201);
-    assert_eq!(round_trips(&redis) - before, 2, "claim + complete");
+    assert_eq!(
+        monitor.sent().await,
+        ["SET", "EVALSHA"],
+        "claim, then complete by SHA"
+    );
 
-    let before = round_trips(&redis);
     let replay = c.post("/charges", "budget", "{}").await;
     assert!(replay.replayed());
     assert_eq!(
-        round_trips(&redis) - before,
-        1,
-        "one claim attempt returns the record"
+        monitor.sent().await,
+        ["SET"],
+        "the claim attempt returns the record"
     );
 
-    let before = redis.command_calls("evalsha");
-    c.post("/charges", "budget", "{}").await;
-    assert_eq!(redis.command_calls("evalsha") - before, 1, "run by SHA");
+    // A slow upstream adds one renewal per lease/3, and nothing else.
+    let slow = Proxy::redis(
+        &redis_yaml(&redis.url(), "idempotency:\n  lease: 300ms\n"),
+        &up,
+    )
+    .await;
+    let held = tokio::spawn({
+        let c = slow.client();
+        async move { c.post("/gate/slow", "renewed", "{}").await }
+    });
+    up.wait_for(3).await;
+    // Time passing is the behaviour here: the lease must be renewed to survive it.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    up.open_gate();
+    assert_eq!(held.await.expect("join").status, 201);
+    let sent = monitor.sent().await;
+    let renewals = sent.iter().filter(|c| *c == "EVALSHA").count() - 1;
+    assert_eq!(sent.iter().filter(|c| *c == "SET").count(), 1, "{sent:?}");
+    assert!(
+        (1..=3).contains(&renewals),
+        "one renewal per 100 ms over ~250 ms: {sent:?}"
+    );
 }
 
 #[tokio::test]

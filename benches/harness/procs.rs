@@ -265,9 +265,10 @@ pub(crate) fn nginx_conf(listen: u16, upstream: SocketAddr, dir: &Path) -> Strin
     )
 }
 
-/// Commands that idemgate's Lua scripts run inside EVALSHA. Redis counts them in
-/// `INFO commandstats` too, but they cost no round trip.
-const INSIDE_SCRIPTS: [&str; 7] = ["get", "set", "time", "publish", "del", "pttl", "pexpire"];
+/// Commands that only idemgate's Lua scripts run, inside EVALSHA. Redis counts them in
+/// `INFO commandstats` too, but they cost no round trip. `set` is both: the claim is a
+/// top-level `SET ... NX GET`, and scripts write with `SET` too; see `command_delta`.
+const INSIDE_SCRIPTS: [&str; 6] = ["get", "time", "publish", "del", "pttl", "pexpire"];
 
 /// Calls per command from `INFO commandstats`, over a raw RESP connection.
 pub(crate) async fn command_stats(port: u16) -> Result<BTreeMap<String, u64>, BoxError> {
@@ -324,13 +325,29 @@ pub(crate) fn command_delta(
 ) -> (BTreeMap<String, u64>, u64) {
     let mut top = BTreeMap::new();
     let mut inside = 0;
+    let delta_of = |name: &str| {
+        after
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(before.get(name).copied().unwrap_or(0))
+    };
     for (name, calls) in after {
         let delta = calls.saturating_sub(before.get(name).copied().unwrap_or(0));
         let base = name.split('|').next().unwrap_or(name);
         if base == "info" {
             continue;
         }
-        if INSIDE_SCRIPTS.contains(&base) {
+        if base == "set" {
+            // Every script idemgate runs starts with one GET (which idemgate never sends
+            // itself), and the scripts on this path (complete) write one SET each: so
+            // script SETs = script GETs, and the rest were claims sent as commands.
+            let in_scripts = delta.min(delta_of("get"));
+            inside += in_scripts;
+            if delta > in_scripts {
+                top.insert(name.clone(), delta - in_scripts);
+            }
+        } else if INSIDE_SCRIPTS.contains(&base) {
             inside += delta;
         } else if delta > 0 {
             top.insert(name.clone(), delta);

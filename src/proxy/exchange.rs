@@ -12,6 +12,7 @@ use http::header::{CONTENT_LENGTH, DATE, HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody, collect_capped};
+use super::detach::Detached;
 use super::handler::{Guarded, IDEMPOTENT_REPLAYED, Reply, problem_response};
 use super::upstream::{strip_hop_by_hop, upstream_request};
 use super::{AppState, PolicyId};
@@ -22,38 +23,24 @@ use crate::idempotency::{Completed, Fingerprint, StoredBody};
 use crate::metrics::{Outcome, StoreOp};
 use crate::store::{Fenced, Lease, Store};
 
-/// Spawns the exchange and waits for its answer.
+/// Runs the exchange as part of this request, detached onto its own task only if the
+/// client goes away before it is done.
 pub(super) async fn execute<S: Store>(
     state: &Arc<AppState<S>>,
     id: PolicyId,
     lease: Lease,
     req: Guarded,
 ) -> Reply {
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let task_state = Arc::clone(state);
-    state.tasks.spawn(async move {
+    let work = async move {
         failpoint::hit(failpoint::AFTER_CLAIM);
         let mut reply = run(&task_state, id, lease, req).await;
         // Counted here: the client may be gone, the outcome is recorded either way.
         task_state.metrics.count(reply.outcome);
         reply.counted = true;
-        let _ = tx.send(reply);
-    });
-    match rx.await {
-        Ok(reply) => reply,
-        // The task panicked: its marker is left to expire and become outcome-unknown.
-        Err(_) => failure(&ProxyError::OutcomeUnknown {
-            cause: UnknownCause::Reset,
-            source: None,
-        }),
-    }
-}
-
-fn failure(err: &ProxyError) -> Reply {
-    Reply::new(
-        Outcome::OutcomeUnknown,
-        problem_response(&err.problem(), false),
-    )
+        reply
+    };
+    Detached::new(work, state.tasks.clone()).await
 }
 
 /// Keeps the lease alive while the upstream works.

@@ -2,6 +2,7 @@
 //! proxy. `main` and the tests both call [`serve`] with a bound listener.
 
 pub mod body;
+mod detach;
 mod exchange;
 pub mod handler;
 pub mod upstream;

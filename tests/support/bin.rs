@@ -204,6 +204,8 @@ impl Running {
         loop {
             match try_connect(self.addr).await {
                 Some(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionRefused => return,
+                // Accepted into the backlog just as the listener closed: look again.
+                Some(Err(err)) if err.kind() == std::io::ErrorKind::ConnectionReset => {}
                 Some(Err(err)) => panic!("connecting to {}: {err}", self.addr),
                 Some(Ok(_)) | None => {}
             }

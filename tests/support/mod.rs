@@ -6,6 +6,7 @@
 pub mod bin;
 pub mod chaos;
 pub mod fault;
+pub mod monitor;
 pub mod redis;
 pub mod upstream;
 

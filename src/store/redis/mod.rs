@@ -10,6 +10,7 @@
 mod watch;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -112,10 +113,28 @@ pub struct RedisStore {
     prefix: String,
     scripts: Scripts,
     watchers: Arc<Watchers>,
+    /// Whether the server takes `SET ... NX GET` (Redis 7.0+); learnt on first refusal.
+    native_claim: AtomicBool,
 }
 
 fn unavailable(err: redis::RedisError) -> StoreError {
     StoreError::Unavailable(Box::new(err))
+}
+
+/// The calling replica's wall clock, in unix ms. Lease deadlines are written and judged
+/// on the replicas' clocks, so replicas must keep them in sync (NTP); a skew well below
+/// `lease / 3` is harmless.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Redis before 7.0 answers SET with both NX and GET with a syntax error.
+fn is_syntax_error(err: &redis::RedisError) -> bool {
+    err.to_string()
+        .to_ascii_lowercase()
+        .contains("syntax error")
 }
 
 fn millis(d: Duration) -> u64 {
@@ -174,6 +193,7 @@ impl RedisStore {
             prefix: config.key_prefix.clone(),
             scripts: Scripts::new(),
             watchers,
+            native_claim: AtomicBool::new(true),
         })
     }
 
@@ -276,33 +296,61 @@ impl Store for RedisStore {
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let mut conn = self.conn().await?;
-        let head = InFlight::head(&req.fingerprint, &req.token);
-        let reply: Value = self
-            .scripts
-            .claim
-            .key(self.record_key(&req.key))
-            .arg(&head[..])
-            .arg(millis(req.lease))
-            .arg(millis(req.ttl.max(req.lease)))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let now = now_ms();
+        let marker = InFlight {
+            fingerprint: req.fingerprint,
+            token: req.token,
+            lease_deadline_ms: now + millis(req.lease),
+        }
+        .encode();
+        let key = self.record_key(&req.key);
+        let ttl = millis(req.ttl.max(req.lease));
+        // One native command: write the marker if the key is free, else return what is
+        // there. Redis before 7.0 refuses NX with GET; a script does the same there.
+        let native = self.native_claim.load(Ordering::Relaxed);
+        let reply = if native {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(&marker[..])
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .arg("GET")
+                .query_async::<Value>(&mut conn)
+                .await
+        } else {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "SET NX GET not supported",
+            )))
+        };
+        let reply = match reply {
+            Ok(value) => value,
+            Err(err) if native && !is_syntax_error(&err) => return Err(unavailable(err)),
+            Err(_) => {
+                self.native_claim.store(false, Ordering::Relaxed);
+                self.scripts
+                    .claim
+                    .key(&key)
+                    .arg(&marker[..])
+                    .arg(ttl)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?
+            }
+        };
         match reply {
-            Value::Array(items) => match items.as_slice() {
-                [Value::Int(1)] => Ok(Claim::Acquired(Lease {
-                    key: req.key,
-                    token: req.token,
-                })),
-                [Value::Int(0), Value::BulkString(record), Value::Int(now)] => {
-                    let record = Record::decode(Bytes::copy_from_slice(record))
-                        .map_err(StoreError::Corrupt)?;
-                    Ok(Claim::Existing {
-                        record,
-                        now_ms: u64::try_from(*now).unwrap_or(0),
-                    })
-                }
-                _ => Err(StoreError::Protocol("unexpected claim reply")),
-            },
+            Value::Nil => Ok(Claim::Acquired(Lease {
+                key: req.key,
+                token: req.token,
+            })),
+            Value::BulkString(record) => {
+                let record = Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)?;
+                Ok(Claim::Existing {
+                    record,
+                    now_ms: now,
+                })
+            }
             _ => Err(StoreError::Protocol("unexpected claim reply")),
         }
     }
@@ -337,13 +385,11 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
+        let deadline = (now_ms() + millis(lease_for)).to_be_bytes();
         let ms = millis(lease_for).to_string();
-        self.owner_checked(
-            &self.scripts.renew,
-            &lease.key,
-            &[lease.token.as_bytes(), ms.as_bytes()],
-        )
-        .await
+        let args: [&[u8]; 3] = [lease.token.as_bytes(), &deadline, ms.as_bytes()];
+        self.owner_checked(&self.scripts.renew, &lease.key, &args)
+            .await
     }
 
     async fn take_over(
@@ -351,16 +397,22 @@ impl Store for RedisStore {
         stale: OwnerToken,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
-        let head = InFlight::head(&req.fingerprint, &req.token);
-        let lease = millis(req.lease).to_string();
+        let now = now_ms();
+        let marker = InFlight {
+            fingerprint: req.fingerprint,
+            token: req.token,
+            lease_deadline_ms: now + millis(req.lease),
+        }
+        .encode();
         let ttl = millis(req.ttl.max(req.lease)).to_string();
         let channel = self.channel(&req.key);
+        let now = now.to_string();
         let args: [&[u8]; 5] = [
             stale.as_bytes(),
-            &head,
-            lease.as_bytes(),
+            &marker,
             ttl.as_bytes(),
             channel.as_bytes(),
+            now.as_bytes(),
         ];
         Ok(
             match self
