@@ -70,13 +70,30 @@ impl<S: Store> Keeper<S> {
         }
     }
 
-    /// Awaits `work`, renewing the lease every `lease/3` meanwhile.
-    async fn renewing<F: Future>(&mut self, work: F) -> F::Output {
+    /// Awaits `work` until `deadline`, renewing the lease every `lease/3` meanwhile.
+    /// `Err(())` when the deadline passed first. One timer serves both purposes.
+    async fn renewing<F: Future>(&mut self, deadline: Instant, work: F) -> Result<F::Output, ()> {
         tokio::pin!(work);
+        let wake = |k: &Self| {
+            if k.lost {
+                deadline
+            } else {
+                deadline.min(k.next_renewal)
+            }
+        };
+        let timer = tokio::time::sleep_until(wake(self));
+        tokio::pin!(timer);
         loop {
             tokio::select! {
-                out = &mut work => return out,
-                () = tokio::time::sleep_until(self.next_renewal), if !self.lost => self.renew().await,
+                biased;
+                out = &mut work => return Ok(out),
+                () = &mut timer => {
+                    if Instant::now() >= deadline {
+                        return Err(());
+                    }
+                    self.renew().await;
+                    timer.as_mut().reset(wake(self));
+                }
             }
         }
     }
@@ -117,10 +134,7 @@ async fn run<S: Store>(
     );
     let upstream_started = Instant::now();
     let sent = keeper
-        .renewing(tokio::time::timeout_at(
-            deadline,
-            state.client.request(request),
-        ))
+        .renewing(deadline, state.client.request(request))
         .await;
     if !matches!(sent, Ok(Ok(_))) {
         state.metrics.observe_upstream(upstream_started.elapsed());
@@ -166,10 +180,7 @@ async fn run<S: Store>(
         );
     }
     let collected = keeper
-        .renewing(tokio::time::timeout_at(
-            deadline,
-            collect_capped(body, policy.max_response_body),
-        ))
+        .renewing(deadline, collect_capped(body, policy.max_response_body))
         .await;
     state.metrics.observe_upstream(upstream_started.elapsed());
     let (stored, to_client) = match collected {

@@ -52,8 +52,9 @@ pub async fn handle<S: Store>(
 ) -> Response<ProxyBody> {
     let started = Instant::now();
     let _in_flight = state.metrics.track_in_flight();
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    // What the access line needs is copied only when that line is written.
+    let access = tracing::enabled!(target: "idemgate::access", tracing::Level::INFO)
+        .then(|| (req.method().clone(), req.uri().path().to_owned()));
     let mut scoped_key = None;
     let reply = match route(&state, req, peer, &mut scoped_key).await {
         Ok(reply) => reply,
@@ -73,15 +74,17 @@ pub async fn handle<S: Store>(
     }
     // One line per request. The key appears only as a short prefix of its scoped hash:
     // enough to correlate retries, never the raw key or a credential.
-    tracing::info!(
-        target: "idemgate::access",
-        %method,
-        path,
-        status = reply.response.status().as_u16(),
-        outcome = reply.outcome.as_str(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-        key = scoped_key.as_ref().map_or_else(String::new, |k: &ScopedKey| k.to_hex()[..12].to_owned()),
-    );
+    if let Some((method, path)) = access {
+        tracing::info!(
+            target: "idemgate::access",
+            %method,
+            path,
+            status = reply.response.status().as_u16(),
+            outcome = reply.outcome.as_str(),
+            latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+            key = scoped_key.as_ref().map_or_else(String::new, |k: &ScopedKey| k.to_hex()[..12].to_owned()),
+        );
+    }
     reply.response
 }
 

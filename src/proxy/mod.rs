@@ -65,7 +65,8 @@ impl<S: Store> AppState<S> {
         }
     }
 
-    /// Runs one store operation under `store.timeout`, and times it.
+    /// Runs one store operation under `store.timeout`, and times it. An operation that
+    /// is done at once (the memory store) never arms a timer.
     pub(crate) async fn store_call<T>(
         &self,
         op: StoreOp,
@@ -73,9 +74,14 @@ impl<S: Store> AppState<S> {
     ) -> Result<T, StoreError> {
         let limit = self.config.store.timeout;
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(limit, call)
-            .await
-            .unwrap_or(Err(StoreError::Timeout(limit)));
+        let mut call = std::pin::pin!(call);
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            std::task::Poll::Ready(result) => result,
+            std::task::Poll::Pending => tokio::time::timeout(limit, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(limit))),
+        };
         self.metrics.observe_store(op, started.elapsed());
         result
     }

@@ -2,7 +2,7 @@
 //! records expire after their ttl and are evicted oldest first when full; in-flight
 //! markers are never evicted (evicting one would let a duplicate execute).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -66,8 +66,10 @@ struct Slot {
 #[derive(Debug, Default)]
 struct Inner {
     map: HashMap<ScopedKey, Slot>,
-    /// Completed records by completion order: the eviction queue.
-    order: BTreeMap<u64, ScopedKey>,
+    /// Completed records by completion order: the eviction queue. Entries of records
+    /// removed since are left in place and skipped when they come up (their `seq` no
+    /// longer matches), so every operation on it is O(1).
+    order: VecDeque<(u64, ScopedKey)>,
     next_seq: u64,
     /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
     watchers: HashMap<ScopedKey, Arc<Notify>>,
@@ -105,9 +107,6 @@ impl Inner {
     fn remove(&mut self, key: &ScopedKey) {
         if let Some(slot) = self.map.remove(key) {
             self.bytes -= size(&slot);
-            if let Some(seq) = slot.seq {
-                self.order.remove(&seq);
-            }
         }
     }
 
@@ -115,9 +114,17 @@ impl Inner {
         self.bytes += size(&slot);
         if let Some(old) = self.map.insert(key, slot) {
             self.bytes -= size(&old);
-            if let Some(seq) = old.seq {
-                self.order.remove(&seq);
-            }
+        }
+    }
+
+    /// Queues a completed record for eviction; drops stale queue entries when they
+    /// outnumber the live ones, so the queue stays proportional to the map.
+    fn enqueue(&mut self, seq: u64, key: ScopedKey) {
+        self.order.push_back((seq, key));
+        if self.order.len() > 2 * self.map.len() + 1024 {
+            let map = &self.map;
+            self.order
+                .retain(|(seq, key)| map.get(key).is_some_and(|s| s.seq == Some(*seq)));
         }
     }
 
@@ -134,8 +141,10 @@ impl Inner {
     fn make_room(&mut self, max_entries: usize, now: u64) -> Result<u64, StoreError> {
         let mut evicted = 0;
         while self.map.len() >= max_entries {
-            if let Some((_, key)) = self.order.pop_first() {
-                if let Some(slot) = self.map.remove(&key) {
+            if let Some((seq, key)) = self.order.pop_front() {
+                if self.map.get(&key).is_some_and(|s| s.seq == Some(seq))
+                    && let Some(slot) = self.map.remove(&key)
+                {
                     self.bytes -= size(&slot);
                     evicted += u64::from(slot.expires_ms > now);
                 }
@@ -300,7 +309,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             },
         );
         inner.next_seq += 1;
-        inner.order.insert(seq, lease.key);
+        inner.enqueue(seq, lease.key);
         inner.changed(&lease.key);
         self.publish(inner);
         Ok(Fenced::Done)
