@@ -549,4 +549,46 @@ mod memory_bounds {
         tokio::time::advance(TTL + LEASE).await;
         let _ = h.acquire(3).await;
     }
+
+    /// A large store is sharded: the bound holds over the whole, and the gauges follow
+    /// every change (releases included).
+    #[tokio::test(start_paused = true)]
+    async fn a_large_store_stays_within_its_bound_and_its_gauges_follow() {
+        let max = 32 * 1024;
+        let s = MemoryStore::new(max);
+        for i in 0..(max + 10_000) {
+            let mut bytes = [0u8; 32];
+            bytes[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            let req = ClaimRequest {
+                key: ScopedKey::from_bytes(bytes),
+                fingerprint: fp(1),
+                token: OwnerToken::random(),
+                lease: LEASE,
+                ttl: TTL,
+            };
+            let Claim::Acquired(lease) = s.claim(req).await.expect("claim") else {
+                panic!("fresh key")
+            };
+            if i % 11 == 0 {
+                assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
+            } else {
+                assert_eq!(
+                    s.complete(&lease, response(b"x"), TTL)
+                        .await
+                        .expect("complete"),
+                    Fenced::Done
+                );
+            }
+        }
+        assert!(s.len() <= max, "{} entries over a bound of {max}", s.len());
+        assert!(
+            s.len() > max - 16 * 64,
+            "the shards fill up evenly: {}",
+            s.len()
+        );
+        assert!(s.evictions() > 0);
+        assert_eq!(s.entries_gauge(), s.len() as i64);
+        let record = MARKER + ("content-type".len() + "application/json".len() + 1) as i64;
+        assert_eq!(s.stored_bytes(), s.len() as i64 * record);
+    }
 }

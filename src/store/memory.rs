@@ -171,8 +171,11 @@ impl Inner {
 /// The in-process store.
 #[derive(Debug)]
 pub struct MemoryStore<C: Clock = TokioClock> {
-    inner: Mutex<Inner>,
-    max_entries: usize,
+    /// Keys are spread over shards by their hash, so that requests for different keys
+    /// rarely wait on one lock, and a table rehash stalls one shard only.
+    shards: Box<[Mutex<Inner>]>,
+    /// The bound of each shard: together never more than `max_entries`.
+    shard_entries: usize,
     clock: C,
     /// Live completed records evicted early because the store was full.
     evictions: Counter,
@@ -188,9 +191,17 @@ impl MemoryStore<TokioClock> {
 
 impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(max_entries: usize, clock: C) -> Self {
+        let max_entries = max_entries.max(1);
+        // A small store keeps one shard, so that eviction is exactly oldest-first over
+        // the whole store; a large one evicts oldest-first within each shard.
+        let shards = if max_entries >= SHARDS * 1024 {
+            SHARDS
+        } else {
+            1
+        };
         Self {
-            inner: Mutex::new(Inner::default()),
-            max_entries: max_entries.max(1),
+            shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
+            shard_entries: max_entries / shards,
             clock,
             evictions: Counter::default(),
             entries: Gauge::default(),
@@ -205,7 +216,12 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Entries held, expired ones not yet dropped included.
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.shards.iter().map(|shard| lock(shard).map.len()).sum()
+    }
+
+    /// Entries as `idemgate_store_entries` shows them.
+    pub fn entries_gauge(&self) -> i64 {
+        self.entries.get()
     }
 
     /// Approximate bytes of the records held (what `idemgate_store_bytes` shows).
@@ -217,18 +233,17 @@ impl<C: Clock> MemoryStore<C> {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-written entry: every
-        // mutation is a single insert or remove.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Mirrors the size of the store into its gauges; called under the lock.
-    fn publish(&self, inner: &Inner) {
-        self.entries
-            .set(i64::try_from(inner.map.len()).unwrap_or(i64::MAX));
-        self.stored_bytes
-            .set(i64::try_from(inner.bytes).unwrap_or(i64::MAX));
+    /// The shard holding `key`, locked; its size changes reach the gauges on release.
+    fn shard(&self, key: &ScopedKey) -> Shard<'_> {
+        let index = usize::from(key.as_bytes()[0]) % self.shards.len();
+        let inner = lock(&self.shards[index]);
+        Shard {
+            len: inner.map.len(),
+            bytes: inner.bytes,
+            inner,
+            entries: &self.entries,
+            stored_bytes: &self.stored_bytes,
+        }
     }
 
     fn marker(req: &ClaimRequest, now: u64) -> Slot {
@@ -240,6 +255,53 @@ impl<C: Clock> MemoryStore<C> {
             }),
             expires_ms: now + millis(req.ttl.max(req.lease)),
             seq: None,
+        }
+    }
+}
+
+/// How many shards a large memory store has.
+const SHARDS: usize = 16;
+
+fn lock(shard: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave a half-written entry: every mutation
+    // is a single insert or remove.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A locked shard. Dropping it moves the store's gauges by what changed meanwhile.
+struct Shard<'a> {
+    inner: MutexGuard<'a, Inner>,
+    len: usize,
+    bytes: u64,
+    entries: &'a Gauge,
+    stored_bytes: &'a Gauge,
+}
+
+impl std::ops::Deref for Shard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Shard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+}
+
+impl Drop for Shard<'_> {
+    fn drop(&mut self) {
+        let delta = |now: u64, before: u64| {
+            i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX)
+        };
+        if self.inner.map.len() != self.len {
+            self.entries
+                .inc_by(delta(self.inner.map.len() as u64, self.len as u64));
+        }
+        if self.inner.bytes != self.bytes {
+            self.stored_bytes
+                .inc_by(delta(self.inner.bytes, self.bytes));
         }
     }
 }
@@ -259,7 +321,7 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
+        let mut inner = self.shard(&req.key);
         match inner.map.get(&req.key) {
             Some(slot) if slot.expires_ms > now => {
                 return Ok(Claim::Existing {
@@ -270,10 +332,9 @@ impl<C: Clock> Store for MemoryStore<C> {
             Some(_) => inner.remove(&req.key),
             None => {}
         }
-        let evicted = inner.make_room(self.max_entries, now)?;
+        let evicted = inner.make_room(self.shard_entries, now)?;
         self.evictions.inc_by(evicted);
         inner.insert(req.key, Self::marker(&req, now));
-        self.publish(&inner);
         Ok(Claim::Acquired(Lease {
             key: req.key,
             token: req.token,
@@ -287,7 +348,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
         let now = self.clock.now_ms();
-        let mut guard = self.lock();
+        let mut guard = self.shard(&lease.key);
         let inner = &mut *guard;
         let seq = inner.next_seq;
         if inner.owned(&lease.key, lease.token, now).is_none() {
@@ -311,13 +372,12 @@ impl<C: Clock> Store for MemoryStore<C> {
         inner.next_seq += 1;
         inner.enqueue(seq, lease.key);
         inner.changed(&lease.key);
-        self.publish(inner);
         Ok(Fenced::Done)
     }
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
+        let mut inner = self.shard(&lease.key);
         if inner.owned(&lease.key, lease.token, now).is_none() {
             return Ok(Fenced::LeaseLost);
         }
@@ -328,7 +388,7 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
+        let mut inner = self.shard(&lease.key);
         let Some(slot) = inner.owned(&lease.key, lease.token, now) else {
             return Ok(Fenced::LeaseLost);
         };
@@ -346,7 +406,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.lock();
+        let mut inner = self.shard(&req.key);
         // The lease must still be over: a late renewal by a live owner wins.
         let Some(slot) = inner.owned(&req.key, stale, now) else {
             return Ok(None);
@@ -363,7 +423,7 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
-        let notify = Arc::clone(self.lock().watchers.entry(key).or_default());
+        let notify = Arc::clone(self.shard(&key).watchers.entry(key).or_default());
         let mut notified = Box::pin(notify.notified_owned());
         // Registered now, so a change before the first poll still wakes it.
         notified.as_mut().enable();
