@@ -328,7 +328,11 @@ impl Store for RedisStore {
             Ok(value) => value,
             Err(err) if native && !is_syntax_error(&err) => return Err(unavailable(err)),
             Err(_) => {
-                self.native_claim.store(false, Ordering::Relaxed);
+                if self.native_claim.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "Redis refuses SET with NX and GET (before 7.0): claiming with a script"
+                    );
+                }
                 self.scripts
                     .claim
                     .key(&key)
