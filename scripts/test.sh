@@ -19,12 +19,12 @@ fi
 
 # `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --lib --bins --tests --examples --features failpoints --no-fail-fast "$@"
-  cargo test --doc --features failpoints --quiet
   # The benchmark harness is not a libtest binary; run without arguments it is its own
   # ~3 s smoke check (every target and scenario, replays, Redis round trips), so that it
   # cannot rot. The real measurement is `cargo bench --bench harness` (BENCHMARKS.md).
+  # It runs first, so that the test runner's summary closes the output.
   cargo test --bench harness --features failpoints
+  cargo nextest run --lib --bins --tests --examples --features failpoints --no-fail-fast "$@"
 else
   # `--all-targets` includes the harness, which runs its smoke check.
   cargo test --all-targets --features failpoints --no-fail-fast "$@"

@@ -15,9 +15,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
-use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey, StoredBody};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
 
 /// The store's notion of "now", injectable so tests control time.
 pub trait Clock: Send + Sync + 'static {
@@ -49,10 +49,6 @@ impl Clock for TokioClock {
     fn now_ms(&self) -> u64 {
         self.base_unix_ms + millis(self.base.elapsed())
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug)]
@@ -248,12 +244,8 @@ impl<C: Clock> MemoryStore<C> {
 
     fn marker(req: &ClaimRequest, now: u64) -> Slot {
         Slot {
-            record: Record::InFlight(InFlight {
-                fingerprint: req.fingerprint,
-                token: req.token,
-                lease_deadline_ms: now + millis(req.lease),
-            }),
-            expires_ms: now + millis(req.ttl.max(req.lease)),
+            record: Record::InFlight(req.marker(now)),
+            expires_ms: now + millis(req.marker_ttl()),
             seq: None,
         }
     }

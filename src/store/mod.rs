@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey};
 
 pub mod memory;
 pub mod redis;
@@ -25,6 +25,28 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// How long the record (marker, then completed response) is kept.
     pub ttl: Duration,
+}
+
+impl ClaimRequest {
+    /// The in-flight marker this claim writes at `now_ms`, on the store's clock.
+    pub fn marker(&self, now_ms: u64) -> InFlight {
+        InFlight {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            lease_deadline_ms: now_ms + millis(self.lease),
+        }
+    }
+
+    /// How long the marker's key lives: its owner may have forwarded the request, so it
+    /// outlives the lease, and it never outlives the record it becomes.
+    pub fn marker_ttl(&self) -> Duration {
+        self.ttl.max(self.lease)
+    }
+}
+
+/// Whole milliseconds, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The result of a claim attempt: either this caller now owns the key, or someone else's

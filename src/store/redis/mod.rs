@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 
 use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::config::StoreConfig;
-use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 pub use watch::RedisWatch;
 use watch::Watchers;
 
@@ -137,8 +137,9 @@ fn is_syntax_error(err: &redis::RedisError) -> bool {
         .contains("syntax error")
 }
 
+/// Milliseconds for `PX` and the scripts: at least 1, as Redis refuses an expiry of 0.
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    super::millis(d).max(1)
 }
 
 impl RedisStore {
@@ -297,14 +298,9 @@ impl Store for RedisStore {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let mut conn = self.conn().await?;
         let now = now_ms();
-        let marker = InFlight {
-            fingerprint: req.fingerprint,
-            token: req.token,
-            lease_deadline_ms: now + millis(req.lease),
-        }
-        .encode();
+        let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
-        let ttl = millis(req.ttl.max(req.lease));
+        let ttl = millis(req.marker_ttl());
         // One native command: write the marker if the key is free, else return what is
         // there. Redis before 7.0 refuses NX with GET; a script does the same there.
         let native = self.native_claim.load(Ordering::Relaxed);
@@ -402,13 +398,8 @@ impl Store for RedisStore {
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let now = now_ms();
-        let marker = InFlight {
-            fingerprint: req.fingerprint,
-            token: req.token,
-            lease_deadline_ms: now + millis(req.lease),
-        }
-        .encode();
-        let ttl = millis(req.ttl.max(req.lease)).to_string();
+        let marker = req.marker(now).encode();
+        let ttl = millis(req.marker_ttl()).to_string();
         let channel = self.channel(&req.key);
         let now = now.to_string();
         let args: [&[u8]; 5] = [
