@@ -144,7 +144,11 @@ async fn run(config: Config) -> Result<Shutdown, CliError> {
             Ok(run_with(listener, config, store).await)
         }
         StoreKind::Redis => {
-            let store = Arc::new(RedisStore::new(&config.store).map_err(CliError::Store)?);
+            let mut store = RedisStore::new(&config.store).map_err(CliError::Store)?;
+            if !config.uses_wait() {
+                store = store.without_notifications();
+            }
+            let store = Arc::new(store);
             tokio::spawn(check_redis(
                 Arc::clone(&store),
                 config.store.redacted_urls(),

@@ -430,3 +430,36 @@ async fn a_release_that_failed_is_retried_so_the_key_does_not_turn_outcome_unkno
     assert!(!retry.replayed());
     assert_eq!(up.count(), 2, "the retry executed: the claim was released");
 }
+
+#[tokio::test]
+async fn completions_are_published_only_where_a_duplicate_may_wait() {
+    let redis = RedisServer::start().await;
+    let up = Upstream::start().await;
+    for (wait, publishes) in [(false, 0), (true, 1)] {
+        let extra = if wait {
+            "idempotency:\n  on_concurrent: wait\n"
+        } else {
+            ""
+        };
+        let yaml = redis_yaml(&redis.url(), extra).replace("{upstream}", &up.url());
+        let config = idemgate::config::Config::from_yaml_str(&yaml, &|_| None).expect("config");
+        assert_eq!(config.uses_wait(), wait);
+        // As the binary builds it (src/cli.rs).
+        let mut store = RedisStore::new(&config.store).expect("store");
+        if !config.uses_wait() {
+            store = store.without_notifications();
+        }
+        let proxy = Proxy::with_store(config, Arc::new(store)).await;
+        let before = redis.command_calls("publish");
+        let key = format!("pub-{wait}");
+        assert_eq!(
+            proxy.client().post("/charges", &key, "{}").await.status,
+            201
+        );
+        assert_eq!(
+            redis.command_calls("publish") - before,
+            publishes,
+            "wait: {wait}"
+        );
+    }
+}

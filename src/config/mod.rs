@@ -228,6 +228,13 @@ impl Config {
     ///
     /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
     /// matches every path. A query string, if one is passed, is ignored.
+    /// Whether any route (or the default policy) lets duplicates wait for the owner.
+    pub fn uses_wait(&self) -> bool {
+        std::iter::once(&self.idempotency)
+            .chain(self.routes.iter().map(|r| &r.policy))
+            .any(|p| p.on_concurrent == OnConcurrent::Wait)
+    }
+
     pub fn policy_for(&self, path: &str) -> &Policy {
         self.route_index(path)
             .map_or(&self.idempotency, |i| &self.routes[i].policy)

@@ -115,6 +115,8 @@ pub struct RedisStore {
     watchers: Arc<Watchers>,
     /// Whether the server takes `SET ... NX GET` (Redis 7.0+); learnt on first refusal.
     native_claim: AtomicBool,
+    /// Whether key changes are published for waiters.
+    notify: bool,
 }
 
 fn unavailable(err: redis::RedisError) -> StoreError {
@@ -195,6 +197,7 @@ impl RedisStore {
             scripts: Scripts::new(),
             watchers,
             native_claim: AtomicBool::new(true),
+            notify: true,
         })
     }
 
@@ -220,11 +223,27 @@ impl RedisStore {
         out
     }
 
-    /// Where changes of a key are announced to waiters.
+    /// Where changes of a key are announced to waiters; empty when nobody can wait, so
+    /// the scripts skip the `PUBLISH` (on a cluster it is broadcast to every node).
     fn channel(&self, key: &ScopedKey) -> String {
+        if !self.notify {
+            return String::new();
+        }
+        self.watch_channel(key)
+    }
+
+    fn watch_channel(&self, key: &ScopedKey) -> String {
         let mut out = self.record_key(key);
         out.push_str(":changed");
         out
+    }
+
+    /// For a deployment where no route has `on_concurrent: wait`: completions and
+    /// releases are not announced, as nobody subscribes.
+    #[must_use]
+    pub fn without_notifications(mut self) -> Self {
+        self.notify = false;
+        self
     }
 
     /// Reads `maxmemory-policy` and says whether it may evict records early. `Ok(None)`
@@ -424,7 +443,7 @@ impl Store for RedisStore {
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
-        let channel = self.channel(&key);
+        let channel = self.watch_channel(&key);
         let conn = self.conn().await?;
         let watch = self.watchers.register(channel.clone(), conn.clone());
         // Subscribing again to a channel this connection already has is a no-op for

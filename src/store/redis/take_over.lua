@@ -9,5 +9,7 @@ if deadline(v) > tonumber(ARGV[5]) then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('PUBLISH', ARGV[4], '1')
+if ARGV[4] ~= '' then
+  redis.call('PUBLISH', ARGV[4], '1')
+end
 return 1
