@@ -1,13 +1,16 @@
 //! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
 //! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store and on
 //! a redis-server of its own, and nginx when it is on `PATH`; then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands per request, and the targets of
-//! issue 6. See BENCHMARKS.md.
+//! issue 6. `--memory` measures instead the memory store's footprint at `max_entries`
+//! with 1 KiB responses, and whether idemgate's RSS stays flat once it is full. See
+//! BENCHMARKS.md.
 //!
 //! # Layout
 //!
@@ -16,6 +19,7 @@
 //! - [`targets`]: starting the targets; one measured (target, scenario).
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
+//! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
 //! - [`report`]: the table, the correctness checks and the targets.
 
@@ -30,6 +34,8 @@
 mod cpu;
 #[path = "harness/load.rs"]
 mod load;
+#[path = "harness/memory.rs"]
+mod memory;
 #[path = "harness/procs.rs"]
 mod procs;
 #[path = "harness/report.rs"]
@@ -57,6 +63,11 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --targets LIST      subset of memory,redis,nginx (the baseline always runs)
   --scenarios LIST    subset of unguarded,miss,hit
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
+  --memory            instead: the memory store's footprint at max_entries with 1 KiB
+                      responses, and RSS over a long miss run; exits non-zero if RSS
+                      grows more than 25 % after the store is full
+  --entries N         --memory: store.max_entries               [100000; smoke 1000]
+                      (--duration: run that long; without it, until 3×N keys or 60 s)
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// What is measured.
@@ -133,6 +144,12 @@ struct Args {
     scenarios: Vec<Scenario>,
     /// idemgate's `log.level`.
     log_level: String,
+    /// The memory mode instead of the scenarios.
+    memory: bool,
+    /// `--entries`: `store.max_entries` of the memory mode.
+    entries: Option<usize>,
+    /// `--duration` was given: the memory mode runs that long.
+    duration_set: bool,
 }
 
 fn main() -> ExitCode {
@@ -221,6 +238,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         targets: vec![TargetKind::Memory, TargetKind::Redis, TargetKind::Nginx],
         scenarios: Scenario::ALL.to_vec(),
         log_level: "warn".to_owned(),
+        memory: false,
+        entries: None,
+        duration_set: false,
     };
     let seconds = |v: &str| -> Result<Duration, BoxError> {
         let secs: f64 = v
@@ -238,7 +258,20 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             // `cargo bench` passes `--bench` to every bench binary.
             "--bench" | "--smoke" => {}
             "--help" | "-h" => return Ok(None),
-            "--duration" => args.duration = seconds(value()?)?,
+            "--duration" => {
+                args.duration = seconds(value()?)?;
+                args.duration_set = true;
+            }
+            "--memory" => args.memory = true,
+            "--entries" => {
+                let v = value()?;
+                args.entries = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=100_000_000).contains(n))
+                        .ok_or_else(|| format!("--entries: 1..=100000000, not {v}"))?,
+                );
+            }
             "--warmup" => args.warmup = seconds(value()?)?,
             "--concurrency" => {
                 let v = value()?;
@@ -284,18 +317,38 @@ fn list<T>(value: &str, pick: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, BoxE
         .collect()
 }
 
+/// The memory mode's plan: `--entries`, else idemgate's default `max_entries` (a smoke
+/// run: 1000, under a second of load).
+fn memory_plan(args: &Args) -> memory::Plan {
+    memory::Plan {
+        entries: args
+            .entries
+            .unwrap_or(if args.smoke { 1_000 } else { 100_000 }),
+        duration: args.duration_set.then_some(args.duration),
+        concurrency: args.concurrency,
+        log_level: args.log_level.clone(),
+        smoke: args.smoke,
+    }
+}
+
 /// Starts everything, measures every (scenario, target) in sequence, prints the report.
 /// `Ok(false)`: it ran, but some check failed.
 async fn bench(args: &Args) -> Result<bool, BoxError> {
     if args.smoke {
         load::self_check()?;
     }
+    if args.memory {
+        return memory::run(&memory_plan(args)).await;
+    }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let upstream = listener.local_addr()?;
-    tokio::spawn(servers::upstream(listener));
+    tokio::spawn(servers::upstream(
+        listener,
+        bytes::Bytes::from_static(servers::RESPONSE_BODY.as_bytes()),
+    ));
 
     let Started {
         mut procs,
@@ -356,12 +409,15 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         }
     }
     println!();
-    Ok(report::summary(
-        &rows,
-        &notes,
-        args.smoke,
-        redis_server.is_some(),
-    ))
+    let ok = report::summary(&rows, &notes, args.smoke, redis_server.is_some());
+    if !args.smoke {
+        return Ok(ok);
+    }
+    // The smoke run also checks that the memory mode runs, at a small size.
+    drop(procs);
+    println!("\nmemory mode, smoke size:");
+    let memory_ok = memory::run(&memory_plan(args)).await?;
+    Ok(ok && memory_ok)
 }
 
 /// An error naming a started process that has exited, with its log.

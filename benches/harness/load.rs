@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -47,6 +48,35 @@ pub(crate) struct Plan {
     pub(crate) concurrency: usize,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
+    /// Counts answers as they come, and can end the run early (the memory mode).
+    pub(crate) progress: Option<Arc<Progress>>,
+}
+
+/// A live count of a run's answers, shared with whoever watches it.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    completed: AtomicU64,
+    /// No new request is sent once this many were answered (0: no limit). Requests in
+    /// flight still complete, so a run ends up to `concurrency - 1` above it.
+    limit: u64,
+}
+
+impl Progress {
+    pub(crate) fn with_limit(limit: u64) -> Self {
+        Self {
+            completed: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    /// Requests answered so far (any status).
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+
+    fn more(&self) -> bool {
+        self.limit == 0 || self.completed() < self.limit
+    }
 }
 
 /// What a run saw.
@@ -139,7 +169,8 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
     let host = host_value(plan.addr);
     let mut sender: Option<SendRequest<Full<Bytes>>> = None;
     let mut seq: u64 = 0;
-    while Instant::now() < end {
+    let more = || plan.progress.as_ref().is_none_or(|p| p.more());
+    while Instant::now() < end && more() {
         let conn = match sender.as_mut() {
             Some(conn) => conn,
             None => match connect(plan.addr).await {
@@ -189,6 +220,9 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
             }
         };
         out.completed += 1;
+        if let Some(progress) = &plan.progress {
+            progress.completed.fetch_add(1, Ordering::Relaxed);
+        }
         if done >= measure_from && done <= end {
             out.measured += 1;
             out.latencies.record(done - sent);

@@ -209,19 +209,36 @@ pub(crate) enum Store {
     Redis(u16),
 }
 
+/// What the memory mode changes in idemgate's config; the scenarios use the default.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tuning {
+    /// `store.max_entries` (idemgate's default, 100000, when `None`).
+    pub(crate) max_entries: Option<usize>,
+    /// The admin listener's port on 127.0.0.1 (`admin.listen: null` when `None`).
+    pub(crate) admin_port: Option<u16>,
+}
+
 /// idemgate's config: `/charges` guarded (key required), `/unguarded` passed through,
-/// no admin listener, `log.level` as given (`warn` by default: the per-request access
-/// line is at info). The level was checked to hold no quote or line break.
+/// no admin listener unless `tuning` asks for one, `log.level` as given (`warn` by
+/// default: the per-request access line is at info). The level was checked to hold no
+/// quote or line break.
 pub(crate) fn idemgate_yaml(
     listen: u16,
     upstream: SocketAddr,
     store: Store,
     log_level: &str,
+    tuning: Tuning,
 ) -> String {
-    let store = match store {
+    let mut store = match store {
         Store::Memory => "  kind: memory\n".to_owned(),
         Store::Redis(port) => format!("  kind: redis\n  url: redis://127.0.0.1:{port}/0\n"),
     };
+    if let Some(n) = tuning.max_entries {
+        store.push_str(&format!("  max_entries: {n}\n"));
+    }
+    let admin = tuning
+        .admin_port
+        .map_or_else(|| "null".to_owned(), |port| format!("127.0.0.1:{port}"));
     format!(
         "listen: 127.0.0.1:{listen}\n\
          upstream:\n  url: http://{upstream}\n\
@@ -229,7 +246,7 @@ pub(crate) fn idemgate_yaml(
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
          \x20 - path: /unguarded\n    enabled: false\n\
-         admin:\n  listen: null\n\
+         admin:\n  listen: {admin}\n\
          log:\n  level: \"{log_level}\"\n"
     )
 }

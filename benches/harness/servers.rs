@@ -28,10 +28,27 @@ pub(crate) const RESPONSE_BODY: &str = concat!(
     r#""created":1700000000,"paid":true,"captured":true,"livemode":false}"#,
 );
 
+/// A charge like [`RESPONSE_BODY`], padded in its `description` to exactly `len` bytes
+/// of JSON (at least [`RESPONSE_BODY`]'s length): the memory mode's 1 KiB response.
+pub(crate) fn padded_body(len: usize) -> Bytes {
+    let head =
+        r#"{"id":"ch_3MmlLrLkdIwHu7ix0snN0B15","object":"charge","amount":4200,"description":""#;
+    let tail = concat!(
+        r#"","currency":"eur","status":"succeeded","customer":"cus_9s6XKzkNRiz8i3","#,
+        r#""created":1700000000,"paid":true,"captured":true,"livemode":false}"#,
+    );
+    let pad = len.saturating_sub(head.len() + tail.len());
+    let mut body = String::with_capacity(len);
+    body.push_str(head);
+    body.extend(std::iter::repeat_n('x', pad));
+    body.push_str(tail);
+    Bytes::from(body)
+}
+
 /// Serves the upstream on `listener` until the task is dropped: reads the whole request
-/// body, answers `201` with [`RESPONSE_BODY`], keeps the connection alive.
-pub(crate) async fn upstream(listener: TcpListener) {
-    let body = Bytes::from_static(RESPONSE_BODY.as_bytes());
+/// body, answers `201` with `body` (the scenarios: [`RESPONSE_BODY`]; the memory mode:
+/// [`padded_body`]), keeps the connection alive.
+pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -76,7 +76,13 @@ pub(crate) async fn start(
             procs::spawn_server(kind.name(), &dir, false, |port| {
                 std::fs::write(
                     &config,
-                    procs::idemgate_yaml(port, upstream, store, log_level),
+                    procs::idemgate_yaml(
+                        port,
+                        upstream,
+                        store,
+                        log_level,
+                        procs::Tuning::default(),
+                    ),
                 )?;
                 let mut cmd = Command::new(&bin);
                 cmd.arg("--config").arg(&config);
@@ -200,6 +206,7 @@ impl Target {
             concurrency: args.concurrency,
             warmup: args.warmup,
             duration: args.duration,
+            progress: None,
         });
         // CPU is sampled over the measured window only, next to the load run.
         let run = tokio::spawn(load::run(plan));

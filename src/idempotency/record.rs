@@ -153,6 +153,34 @@ impl Completed {
     }
 }
 
+impl Completed {
+    /// The same record in allocations of its own. hyper hands out bodies and header
+    /// values as slices of its (8 KiB and larger) read buffers; a record kept in memory
+    /// for hours must not keep a whole buffer alive for a 1 KiB body.
+    pub fn compacted(&self) -> Completed {
+        let headers = self
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                // Copying valid header bytes cannot fail; keep the original if it did.
+                let value =
+                    HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+                (name.clone(), value)
+            })
+            .collect();
+        let body = match &self.body {
+            StoredBody::Stored(b) => StoredBody::Stored(Bytes::copy_from_slice(b)),
+            StoredBody::TooLarge => StoredBody::TooLarge,
+        };
+        Completed {
+            fingerprint: self.fingerprint,
+            status: self.status,
+            headers,
+            body,
+        }
+    }
+}
+
 impl Record {
     pub fn encode(&self) -> Bytes {
         match self {
@@ -316,6 +344,34 @@ mod tests {
             Err(DecodeError::UnknownFormat(2))
         );
         assert_eq!(Record::decode(Bytes::new()), Err(DecodeError::Truncated));
+    }
+
+    #[test]
+    fn a_compacted_record_is_equal_but_owns_its_bytes() {
+        let buffer = Bytes::from(vec![b'x'; 8192]);
+        let rec = Completed {
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            status: StatusCode::OK,
+            headers: vec![(
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_maybe_shared(buffer.slice(0..4)).expect("visible"),
+            )],
+            body: StoredBody::Stored(buffer.slice(100..1124)),
+        };
+        let compact = rec.compacted();
+        assert_eq!(compact, rec);
+        let StoredBody::Stored(body) = &compact.body else {
+            panic!("stored")
+        };
+        let within = |p: *const u8| buffer.as_ptr_range().contains(&p);
+        assert!(
+            !within(body.as_ptr()),
+            "the body no longer points into the 8 KiB buffer"
+        );
+        assert!(
+            !within(compact.headers[0].1.as_bytes().as_ptr()),
+            "nor does the header value"
+        );
     }
 
     proptest! {

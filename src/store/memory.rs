@@ -339,6 +339,9 @@ impl<C: Clock> Store for MemoryStore<C> {
         record: Arc<Completed>,
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
+        // Kept for hours: in allocations of its own, not slices of hyper's read buffers.
+        // Copied before the lock is taken.
+        let compact = Arc::new(record.compacted());
         let now = self.clock.now_ms();
         let mut guard = self.shard(&lease.key);
         let inner = &mut *guard;
@@ -356,7 +359,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         inner.insert(
             lease.key,
             Slot {
-                record: Record::Completed(record),
+                record: Record::Completed(compact),
                 expires_ms: now + millis(ttl),
                 seq: Some(seq),
             },
