@@ -112,10 +112,7 @@ async fn on_concurrent_wait_blocks_duplicates_until_the_first_completes_then_rep
     let up = Upstream::start().await;
     let proxy = Proxy::start(WAIT, &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/charges", "w", "{}").await }
-    });
+    let first = c.spawn_post("/gate/charges", "w", "{}");
     up.wait_for(1).await;
     let waiters: Vec<_> = (0..5)
         .map(|_| {
@@ -142,15 +139,9 @@ async fn on_concurrent_wait_hands_a_released_claim_to_one_waiter() {
     let up = Upstream::start().await;
     let proxy = Proxy::start(WAIT, &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/status/503", "rel", "{}").await }
-    });
+    let first = c.spawn_post("/gate/status/503", "rel", "{}");
     up.wait_for(1).await;
-    let waiter = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/status/503", "rel", "{}").await }
-    });
+    let waiter = c.spawn_post("/gate/status/503", "rel", "{}");
     // The waiter is parked on the key before the owner finishes.
     proxy.state.metrics.wait_until(|m| m.waiting() == 1).await;
     up.open_gate();
@@ -167,10 +158,7 @@ async fn on_concurrent_wait_gives_up_after_wait_timeout() {
     let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  on_concurrent: wait\n  wait_timeout: 150ms\n";
     let proxy = Proxy::start(yaml, &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/charges", "slow", "{}").await }
-    });
+    let first = c.spawn_post("/gate/charges", "slow", "{}");
     up.wait_for(1).await;
     let started = std::time::Instant::now();
     let r = c.post("/gate/charges", "slow", "{}").await;
@@ -192,10 +180,7 @@ async fn a_memory_store_full_of_markers_answers_503_even_under_pass_through() {
         "upstream:\n  url: {upstream}\nstore:\n  max_entries: 1\n  on_unavailable: pass_through\n";
     let proxy = Proxy::start(yaml, &up).await;
     let c = proxy.client();
-    let held = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/charges", "holder", "{}").await }
-    });
+    let held = c.spawn_post("/gate/charges", "holder", "{}");
     up.wait_for(1).await;
     let r = c.post("/charges", "another", "{}").await;
     assert_eq!(r.status, 503, "{}", r.text());

@@ -144,10 +144,7 @@ async fn a_replay_costs_one_command_and_a_first_execution_two() {
         &up,
     )
     .await;
-    let held = tokio::spawn({
-        let c = slow.client();
-        async move { c.post("/gate/slow", "renewed", "{}").await }
-    });
+    let held = slow.client().spawn_post("/gate/slow", "renewed", "{}");
     up.wait_for(3).await;
     // Time passing is the behaviour here: the lease must be renewed to survive it.
     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -294,10 +291,7 @@ async fn a_failed_recording_still_answers_and_is_retried_until_it_lands() {
     let up = Upstream::start().await;
     let proxy = Proxy::redis(&redis_yaml(&redis.url(), ""), &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/charges", "rec", "{}").await }
-    });
+    let first = c.spawn_post("/gate/charges", "rec", "{}");
     up.wait_for(1).await;
     redis.pause();
     up.open_gate();
@@ -332,10 +326,7 @@ async fn a_slow_upstream_keeps_its_claim_past_the_lease() {
     let yaml = redis_yaml(&redis.url(), "idempotency:\n  lease: 300ms\n");
     let proxy = Proxy::redis(&yaml, &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/charges", "slow", "{}").await }
-    });
+    let first = c.spawn_post("/gate/charges", "slow", "{}");
     up.wait_for(1).await;
     // Three leases long: only renewals keep the claim alive.
     tokio::time::sleep(Duration::from_millis(900)).await;
@@ -385,15 +376,9 @@ async fn on_concurrent_wait_across_replicas_replays_to_the_waiter() {
     let yaml = redis_yaml(&redis.url(), "idempotency:\n  on_concurrent: wait\n");
     let a = Proxy::redis(&yaml, &up).await;
     let b = Proxy::redis(&yaml, &up).await;
-    let first = tokio::spawn({
-        let c = a.client();
-        async move { c.post("/gate/charges", "w", "{}").await }
-    });
+    let first = a.client().spawn_post("/gate/charges", "w", "{}");
     up.wait_for(1).await;
-    let waiter = tokio::spawn({
-        let c = b.client();
-        async move { c.post("/gate/charges", "w", "{}").await }
-    });
+    let waiter = b.client().spawn_post("/gate/charges", "w", "{}");
     b.state.metrics.wait_until(|m| m.waiting() == 1).await;
     up.open_gate();
     let first = first.await.expect("join");
@@ -410,10 +395,7 @@ async fn a_release_that_failed_is_retried_so_the_key_does_not_turn_outcome_unkno
     let up = Upstream::start().await;
     let proxy = Proxy::redis(&redis_yaml(&redis.url(), ""), &up).await;
     let c = proxy.client();
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move { c.post("/gate/status/503", "busy", "{}").await }
-    });
+    let first = c.spawn_post("/gate/status/503", "busy", "{}");
     up.wait_for(1).await;
     // The upstream refuses (503, a release status) while Redis cannot take the release.
     redis.pause();
