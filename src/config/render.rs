@@ -94,7 +94,7 @@ fn policy(policy: &Policy, base: Option<&Policy>) -> Mapping {
     field(
         "header",
         policy.header != b.header,
-        policy.header.as_str().into(),
+        title_case(policy.header.as_str()).into(),
     );
     let methods: Vec<&str> = policy.methods.iter().map(|m| m.as_str()).collect();
     field("methods", policy.methods != b.methods, methods.into());
@@ -183,4 +183,18 @@ fn size(bytes: u64) -> Value {
 
 fn headers(list: &[HeaderName]) -> Value {
     list.iter().map(|h| h.as_str()).collect::<Vec<_>>().into()
+}
+
+/// `idempotency-key` -> `Idempotency-Key`: header names are case-insensitive, and this
+/// is how SPEC and the IETF draft spell the request header.
+fn title_case(name: &str) -> String {
+    name.split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |c| {
+                c.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("-")
 }

@@ -144,7 +144,7 @@ fn to_yaml_prints_defaults_in_the_documented_units() {
         "  max_request_body: 1MiB",
         "  max_response_body: 4MiB",
         "  kind: memory",
-        "  header: idempotency-key",
+        "  header: Idempotency-Key",
         "routes: []",
         "  listen: 127.0.0.1:9901",
         "shutdown_timeout: 30s",
