@@ -45,6 +45,14 @@ trait Harness {
         }
     }
 
+    /// Completes `lease` with a small JSON response, kept for the harness's ttl.
+    async fn complete(&self, lease: &Lease, body: &'static [u8]) -> Fenced {
+        self.store()
+            .complete(lease, response(body), self.ttl())
+            .await
+            .expect("complete")
+    }
+
     async fn existing(&self, k: u8) -> Record {
         match self
             .store()
@@ -117,32 +125,16 @@ async fn concurrent_claims_acquire_exactly_once<H: Harness>(h: H) {
 }
 
 async fn complete_then_claim_returns_the_record<H: Harness>(h: H) {
-    let s = h.store();
     let lease = h.acquire(1).await;
-    assert_eq!(
-        s.complete(&lease, response(b"{\"id\":1}"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
+    assert_eq!(h.complete(&lease, b"{\"id\":1}").await, Fenced::Done);
     assert_eq!(
         h.existing(1).await,
         Record::Completed(response(b"{\"id\":1}"))
     );
     // Repeating the same completion is done (a retry after a timed-out call); a
     // different record finds no marker: the record is final.
-    assert_eq!(
-        s.complete(&lease, response(b"{\"id\":1}"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
-    assert_eq!(
-        s.complete(&lease, response(b"other"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::LeaseLost
-    );
+    assert_eq!(h.complete(&lease, b"{\"id\":1}").await, Fenced::Done);
+    assert_eq!(h.complete(&lease, b"other").await, Fenced::LeaseLost);
     assert_eq!(
         h.existing(1).await,
         Record::Completed(response(b"{\"id\":1}"))
@@ -156,12 +148,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         key: lease.key,
         token: OwnerToken::random(),
     };
-    assert_eq!(
-        s.complete(&thief, response(b"x"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::LeaseLost
-    );
+    assert_eq!(h.complete(&thief, b"x").await, Fenced::LeaseLost);
     assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
     assert_eq!(
         s.renew(&thief, h.lease()).await.expect("renew"),
@@ -177,12 +164,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         s.release(&nobody).await.expect("release"),
         Fenced::LeaseLost
     );
-    assert_eq!(
-        s.complete(&nobody, response(b"x"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::LeaseLost
-    );
+    assert_eq!(h.complete(&nobody, b"x").await, Fenced::LeaseLost);
     let _ = h.acquire(9).await;
 }
 
@@ -248,12 +230,7 @@ async fn renewal_extends_the_lease<H: Harness>(h: H) {
         } => assert!(now_ms < m.lease_deadline_ms),
         other => panic!("expected live marker, got {other:?}"),
     }
-    assert_eq!(
-        s.complete(&lease, response(b"late"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
+    assert_eq!(h.complete(&lease, b"late").await, Fenced::Done);
 }
 
 async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
@@ -282,31 +259,15 @@ async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
         .expect("taken over");
     assert_eq!(lease.token, new_token);
     // The crashed owner is fenced out; the new owner records.
-    assert_eq!(
-        s.complete(&old, response(b"old"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::LeaseLost
-    );
-    assert_eq!(
-        s.complete(&lease, response(b"new"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
+    assert_eq!(h.complete(&old, b"old").await, Fenced::LeaseLost);
+    assert_eq!(h.complete(&lease, b"new").await, Fenced::Done);
     assert_eq!(h.existing(1).await, Record::Completed(response(b"new")));
 }
 
 async fn completed_records_expire_after_ttl<H: Harness>(h: H) {
-    let s = h.store();
     let lease = h.acquire(1).await;
     h.advance(h.lease() / 2).await;
-    assert_eq!(
-        s.complete(&lease, response(b"x"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
+    assert_eq!(h.complete(&lease, b"x").await, Fenced::Done);
     // The ttl counts from completion.
     h.advance(h.ttl() - h.ttl() / 5).await;
     assert!(matches!(h.existing(1).await, Record::Completed(_)));
@@ -348,12 +309,7 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
     };
     let lease = h.acquire(1).await;
     let w = s.watch(key(1)).await.expect("watch");
-    assert_eq!(
-        s.complete(&lease, response(b"x"), h.ttl())
-            .await
-            .expect("complete"),
-        Fenced::Done
-    );
+    assert_eq!(h.complete(&lease, b"x").await, Fenced::Done);
     assert!(woken(w).await, "complete wakes watchers");
 
     let lease = h.acquire(2).await;
