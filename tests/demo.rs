@@ -29,17 +29,14 @@ async fn stage() -> (String, Proxy, tokio::task::JoinHandle<()>) {
     (backend, Proxy::with_config(config).await, task)
 }
 
-#[tokio::test]
-async fn a_timed_out_retry_charges_twice_directly_and_once_through_idemgate() {
+/// Tells the story for `path` and checks the counts: two charges straight to the
+/// backend, one through idemgate. Returns what the client finally got through idemgate.
+async fn tell(path: &str, key: &str) -> demo_client::Final {
     let (backend, proxy, task) = stage().await;
-    let (story, last) = demo_client::story(
-        &format!("http://{}", proxy.addr),
-        &backend,
-        "/charges?delay_ms=1000",
-        "t1",
-    )
-    .await
-    .expect("story");
+    let (story, last) = demo_client::story(&format!("http://{}", proxy.addr), &backend, path, key)
+        .await
+        .expect("story");
+    task.abort();
     assert_eq!(
         story,
         demo_client::Story {
@@ -47,34 +44,21 @@ async fn a_timed_out_retry_charges_twice_directly_and_once_through_idemgate() {
             through_idemgate: 1
         }
     );
-    let last = last.expect("the retry got an answer");
+    last.expect("the retry got an answer")
+}
+
+#[tokio::test]
+async fn a_timed_out_retry_charges_twice_directly_and_once_through_idemgate() {
+    let last = tell("/charges?delay_ms=1000", "t1").await;
     assert_eq!(last.status, 201);
     assert!(last.replayed, "the retry got the first attempt's response");
-    task.abort();
 }
 
 #[tokio::test]
 async fn a_backend_crash_half_way_charges_twice_directly_and_once_through_idemgate() {
-    let (backend, proxy, task) = stage().await;
-    let (story, last) = demo_client::story(
-        &format!("http://{}", proxy.addr),
-        &backend,
-        "/charges?drop=1",
-        "d1",
-    )
-    .await
-    .expect("story");
-    assert_eq!(
-        story,
-        demo_client::Story {
-            direct: 2,
-            through_idemgate: 1
-        }
-    );
+    let last = tell("/charges?drop=1", "d1").await;
     // The outcome is unknown to idemgate too; it says so, and never charges again.
-    let last = last.expect("the retry got an answer");
     assert_eq!(last.status, 502);
     assert!(last.replayed, "the retry got the recorded outcome");
     assert!(last.body.contains("outcome-unknown"), "{}", last.body);
-    task.abort();
 }
