@@ -240,3 +240,29 @@ async fn upstream_with_an_explicit_config_is_a_contradiction_but_the_env_yields(
         out.stdout
     );
 }
+
+#[tokio::test]
+async fn a_request_still_held_when_shutdown_timeout_passes_makes_the_exit_code_1() {
+    let upstream = Upstream::start().await;
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: null\nshutdown_timeout: 300ms\n",
+        upstream.url()
+    ));
+    let config = file.path().to_str().expect("temp paths are UTF-8 here");
+    let mut proxy = Running::start(&["--config", config]).await;
+    let client = TestClient::new(proxy.addr);
+    let _held = client.spawn_post("/gate", "cli-abandoned", "{}");
+    tokio::time::timeout(support::bin::LIMIT, upstream.wait_for(1))
+        .await
+        .expect("the request reached the upstream");
+
+    proxy.terminate().await;
+    // The gate never opens: the in-flight request outlives shutdown_timeout.
+    let status = proxy.wait_exit().await;
+    assert_eq!(status.code(), Some(1), "stderr:\n{}", proxy.stderr());
+    assert!(
+        proxy.stderr().contains("shutdown_timeout"),
+        "{}",
+        proxy.stderr()
+    );
+}
