@@ -152,7 +152,7 @@ async fn run(listen: SocketAddr) -> std::io::Result<()> {
         std::io::Error::new(err.kind(), format!("cannot listen on {listen}: {err}"))
     })?;
     eprintln!("toy backend listening on {}", listener.local_addr()?);
-    serve(listener, shutdown_signal()).await;
+    serve(listener, idemgate::cli::shutdown_signal()).await;
     Ok(())
 }
 
@@ -168,16 +168,8 @@ pub async fn serve(listener: TcpListener, shutdown: impl std::future::Future<Out
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    eprintln!("toy backend: accept failed: {err}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let (stream, _) = tokio::select! {
+            accepted = idemgate::proxy::accept(&listener) => accepted,
             () = &mut shutdown => break,
         };
         let charges = Arc::clone(&charges);
@@ -270,30 +262,6 @@ fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
         header::HeaderValue::from_static("application/json"),
     );
     resp
-}
-
-/// Resolves on SIGINT or SIGTERM, so `kill` and Ctrl-C both let requests finish.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
 }
 
 #[cfg(test)]

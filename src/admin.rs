@@ -48,15 +48,8 @@ pub async fn serve_admin<S: Store>(
     let readiness = Arc::new(Readiness::default());
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    tracing::warn!(error = %err, "admin accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let (stream, _) = tokio::select! {
+            accepted = crate::proxy::accept(&listener) => accepted,
             () = &mut shutdown => return,
         };
         let state = Arc::clone(&state);

@@ -206,7 +206,7 @@ async fn check_redis(store: Arc<RedisStore>, urls: Vec<String>) {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

@@ -57,6 +57,14 @@ async fn crash(point: &str, on_unknown: &str) -> (RedisServer, Upstream, TempCon
     (redis, up, file)
 }
 
+/// The crashed replica started again on the same file; the client to retry through it.
+async fn restart(file: &TempConfig) -> (Running, support::TestClient) {
+    let path = file.path().to_string_lossy().into_owned();
+    let running = Running::start(&["--config", &path]).await;
+    let client = support::TestClient::new(running.addr);
+    (running, client)
+}
+
 async fn retry_on(proxy: &support::TestClient) -> support::Resp {
     proxy.post("/charges", "k", "{}").await
 }
@@ -89,9 +97,7 @@ async fn killed_after_forwarding_blocks_retries_for_the_lease_then_records_outco
 async fn killed_after_forwarding_with_release_lets_a_retry_execute_after_the_lease() {
     let (redis, up, file) = crash("after-forward", "release").await;
     // This time the retry goes through the same replica, restarted.
-    let path = file.path().to_string_lossy().into_owned();
-    let restarted = Running::start(&["--config", &path]).await;
-    let c = support::TestClient::new(restarted.addr);
+    let (_restarted, c) = restart(&file).await;
     assert_eq!(retry_on(&c).await.status, 409);
     tokio::time::sleep(LEASE).await;
     let late = retry_on(&c).await;
@@ -109,9 +115,7 @@ async fn killed_after_forwarding_with_release_lets_a_retry_execute_after_the_lea
 async fn killed_after_claiming_never_forwarded_yet_the_key_turns_outcome_unknown() {
     let (redis, up, file) = crash("after-claim", "record").await;
     assert_eq!(up.count(), 0);
-    let path = file.path().to_string_lossy().into_owned();
-    let restarted = Running::start(&["--config", &path]).await;
-    let c = support::TestClient::new(restarted.addr);
+    let (_restarted, c) = restart(&file).await;
     assert_eq!(retry_on(&c).await.status, 409);
     tokio::time::sleep(LEASE).await;
     // A marker cannot tell "about to forward" from "forwarded": it is treated as unknown.

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use idemgate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey, StoredBody};
+use idemgate::idempotency::{
+    Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey, StoredBody,
+};
 use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Store};
 
 /// A store under test plus control over the time it sees.
@@ -51,6 +53,22 @@ trait Harness {
             .complete(lease, response(body), self.ttl())
             .await
             .expect("complete")
+    }
+
+    /// The in-flight marker another claim of `k` finds, with the store's clock then.
+    async fn marker(&self, k: u8) -> (InFlight, u64) {
+        match self
+            .store()
+            .claim(self.req(k, OwnerToken::random()))
+            .await
+            .expect("claim")
+        {
+            Claim::Existing {
+                record: Record::InFlight(m),
+                now_ms,
+            } => (m, now_ms),
+            other => panic!("expected an in-flight marker, got {other:?}"),
+        }
     }
 
     async fn existing(&self, k: u8) -> Record {
@@ -177,36 +195,15 @@ async fn release_lets_the_next_claim_acquire<H: Harness>(h: H) {
 }
 
 async fn lease_expires_without_renewal<H: Harness>(h: H) {
-    let s = h.store();
     let lease = h.acquire(1).await;
     h.advance(h.lease() - h.lease() / 5).await;
-    match s
-        .claim(h.req(1, OwnerToken::random()))
-        .await
-        .expect("claim")
-    {
-        Claim::Existing {
-            record: Record::InFlight(m),
-            now_ms,
-        } => assert!(now_ms < m.lease_deadline_ms),
-        other => panic!("expected live marker, got {other:?}"),
-    }
+    let (m, now_ms) = h.marker(1).await;
+    assert!(now_ms < m.lease_deadline_ms);
     h.advance(h.lease() / 2).await;
-    match s
-        .claim(h.req(1, OwnerToken::random()))
-        .await
-        .expect("claim")
-    {
-        // The marker outlives its lease: its owner may have forwarded the request.
-        Claim::Existing {
-            record: Record::InFlight(m),
-            now_ms,
-        } => {
-            assert_eq!(m.token, lease.token);
-            assert!(now_ms >= m.lease_deadline_ms);
-        }
-        other => panic!("expected expired marker, got {other:?}"),
-    }
+    // The marker outlives its lease: its owner may have forwarded the request.
+    let (m, now_ms) = h.marker(1).await;
+    assert_eq!(m.token, lease.token);
+    assert!(now_ms >= m.lease_deadline_ms);
 }
 
 async fn renewal_extends_the_lease<H: Harness>(h: H) {
@@ -219,17 +216,8 @@ async fn renewal_extends_the_lease<H: Harness>(h: H) {
             Fenced::Done
         );
     }
-    match s
-        .claim(h.req(1, OwnerToken::random()))
-        .await
-        .expect("claim")
-    {
-        Claim::Existing {
-            record: Record::InFlight(m),
-            now_ms,
-        } => assert!(now_ms < m.lease_deadline_ms),
-        other => panic!("expected live marker, got {other:?}"),
-    }
+    let (m, now_ms) = h.marker(1).await;
+    assert!(now_ms < m.lease_deadline_ms);
     assert_eq!(h.complete(&lease, b"late").await, Fenced::Done);
 }
 

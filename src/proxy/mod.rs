@@ -113,15 +113,7 @@ pub async fn serve<S: Store>(
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(err) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            accepted = accept(&listener) => accepted,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
@@ -156,6 +148,20 @@ pub async fn serve<S: Store>(
                 "shutdown_timeout passed with requests still in flight"
             );
             Shutdown::TimedOut
+        }
+    }
+}
+
+/// The next connection. Accept errors (out of file descriptors and the like) are logged
+/// and waited out instead of spinning; they never end a listener.
+pub async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(conn) => return conn,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }
