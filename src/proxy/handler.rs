@@ -50,11 +50,11 @@ pub async fn handle<S: Store>(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
-    let started = Instant::now();
     let _in_flight = state.metrics.track_in_flight();
-    // What the access line needs is copied only when that line is written.
+    // What the access line needs (clock read included) is taken only when that line is
+    // written.
     let access = tracing::enabled!(target: "idemgate::access", tracing::Level::INFO)
-        .then(|| (req.method().clone(), req.uri().path().to_owned()));
+        .then(|| (Instant::now(), req.method().clone(), req.uri().path().to_owned()));
     let mut scoped_key = None;
     let reply = match route(&state, req, peer, &mut scoped_key).await {
         Ok(reply) => reply,
@@ -74,7 +74,7 @@ pub async fn handle<S: Store>(
     }
     // One line per request. The key appears only as a short prefix of its scoped hash:
     // enough to correlate retries, never the raw key or a credential.
-    if let Some((method, path)) = access {
+    if let Some((started, method, path)) = access {
         tracing::info!(
             target: "idemgate::access",
             %method,
