@@ -53,8 +53,13 @@ pub async fn handle<S: Store>(
     let _in_flight = state.metrics.track_in_flight();
     // What the access line needs (clock read included) is taken only when that line is
     // written.
-    let access = tracing::enabled!(target: "idemgate::access", tracing::Level::INFO)
-        .then(|| (Instant::now(), req.method().clone(), req.uri().path().to_owned()));
+    let access = tracing::enabled!(target: "idemgate::access", tracing::Level::INFO).then(|| {
+        (
+            Instant::now(),
+            req.method().clone(),
+            req.uri().path().to_owned(),
+        )
+    });
     let mut scoped_key = None;
     let reply = match route(&state, req, peer, &mut scoped_key).await {
         Ok(reply) => reply,
