@@ -14,7 +14,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::metrics::StoreOp;
 use crate::proxy::AppState;
 use crate::store::Store;
 
@@ -106,7 +105,7 @@ async fn ready<S: Store>(state: &AppState<S>, readiness: &Readiness) -> bool {
     if let Some(ready) = readiness.cached(now) {
         return ready;
     }
-    let ready = match state.store_call(StoreOp::Ping, state.store.ping()).await {
+    let ready = match state.store.ping().await {
         Ok(()) => true,
         Err(err) => {
             tracing::warn!(error = %err, "readiness check: store unavailable");

@@ -8,6 +8,7 @@ use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::idempotency::{KeyError, Rejection};
+use crate::metrics::Outcome;
 use crate::store::StoreError;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -42,7 +43,7 @@ pub enum ProxyError {
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("the request body could not be read")]
-    BadRequestBody(#[source] hyper::Error),
+    BadRequestBody(#[source] BoxError),
     #[error("the request body did not arrive within the upstream timeout")]
     BodyTimeout,
     #[error("this key was used for a different request")]
@@ -168,6 +169,40 @@ impl ProxyError {
             title,
             detail: self.detail(),
             retry_after,
+        }
+    }
+
+    /// The metric label of each error, beside its status: exhaustive, like the table.
+    pub fn outcome(&self) -> Outcome {
+        use ProxyError as E;
+        match self {
+            E::MissingKey { .. } => Outcome::MissingKey,
+            E::InvalidKey(_) => Outcome::InvalidKey,
+            E::InFlight { .. } => Outcome::InFlight,
+            E::NotReplayable => Outcome::NotReplayable,
+            E::BodyTooLarge { .. } => Outcome::TooLarge,
+            E::BadRequestBody(_) | E::BodyTimeout => Outcome::BadRequest,
+            E::KeyReused => Outcome::KeyReused,
+            E::UpstreamUnreachable(_) => Outcome::UpstreamUnreachable,
+            E::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
+            E::StoreUnavailable(_) => Outcome::StoreUnavailable,
+        }
+    }
+
+    /// Whether the error is about our infrastructure (store, upstream), which an
+    /// operator must hear of, rather than about the client's request.
+    pub fn is_infrastructure(&self) -> bool {
+        use ProxyError as E;
+        match self {
+            E::StoreUnavailable(_) | E::UpstreamUnreachable(_) | E::OutcomeUnknown { .. } => true,
+            E::MissingKey { .. }
+            | E::InvalidKey(_)
+            | E::InFlight { .. }
+            | E::NotReplayable
+            | E::BodyTooLarge { .. }
+            | E::BadRequestBody(_)
+            | E::BodyTimeout
+            | E::KeyReused => false,
         }
     }
 

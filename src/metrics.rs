@@ -153,11 +153,9 @@ pub struct Metrics {
     orphans_released: Counter,
     /// Responses whose background recording never landed (lease ended or was lost).
     records_lost: Counter,
-    /// Woken on every count, so a test or a reader can wait for a condition.
-    changed: tokio::sync::Notify,
-    /// How many `wait_until` calls are parked: without any, counting skips the Notify
-    /// (whose wake-up takes a lock) and stays one atomic add.
-    watchers: std::sync::atomic::AtomicUsize,
+    /// Woken on every count, so that a test can wait for a condition. Only
+    /// [`Metrics::observable`] has one: in production counting stays one atomic add.
+    changed: Option<tokio::sync::Notify>,
 }
 
 impl Default for Metrics {
@@ -244,9 +242,22 @@ impl Metrics {
             late_records,
             orphans_released,
             records_lost,
-            changed: tokio::sync::Notify::new(),
-            watchers: std::sync::atomic::AtomicUsize::new(0),
+            changed: None,
         }
+    }
+
+    /// Metrics that [`Metrics::wait_until`] can wait on: every count also wakes the
+    /// waiters, which takes a lock. For tests and tools, not for the proxy's hot path.
+    pub fn observable() -> Self {
+        Self {
+            changed: Some(tokio::sync::Notify::new()),
+            ..Self::new()
+        }
+    }
+
+    /// Handles on the store-latency histograms, for the store's timing decorator.
+    pub fn store_timings(&self) -> StoreTimings {
+        StoreTimings(self.store_ops.clone())
     }
 
     pub fn count(&self, outcome: Outcome) {
@@ -255,20 +266,18 @@ impl Metrics {
     }
 
     /// Resolves once `cond` holds; re-checked after every count.
+    ///
+    /// # Panics
+    ///
+    /// On metrics not made by [`Metrics::observable`]: nothing would ever wake it.
     pub async fn wait_until(&self, cond: impl Fn(&Metrics) -> bool) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.watchers.fetch_add(1, SeqCst);
-        std::sync::atomic::fence(SeqCst);
-        // Decremented however this future ends, dropped mid-wait included.
-        struct Leave<'a>(&'a std::sync::atomic::AtomicUsize);
-        impl Drop for Leave<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let _leave = Leave(&self.watchers);
+        let changed = self
+            .changed
+            .as_ref()
+            .expect("wait_until needs metrics made by Metrics::observable()");
         loop {
-            let notified = self.changed.notified();
+            // Registered before the condition is read, so a count in between wakes it.
+            let notified = changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if cond(self) {
@@ -279,21 +288,13 @@ impl Metrics {
     }
 
     fn wake(&self) {
-        // The fence orders the count just made before this load; `wait_until` registers
-        // (SeqCst) before checking its condition: either the waiter sees the new count
-        // or this sees the waiter.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        if self.watchers.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            self.changed.notify_waiters();
+        if let Some(changed) = &self.changed {
+            changed.notify_waiters();
         }
     }
 
     pub fn requests(&self, outcome: Outcome) -> u64 {
         self.requests[outcome.index()].get()
-    }
-
-    pub fn observe_store(&self, op: StoreOp, elapsed: Duration) {
-        self.store_ops[op as usize].observe(elapsed.as_secs_f64());
     }
 
     pub fn observe_upstream(&self, elapsed: Duration) {
@@ -370,6 +371,16 @@ impl Metrics {
     }
 }
 
+/// The store-latency histograms, one per operation, shared with [`Metrics`].
+#[derive(Debug, Clone)]
+pub struct StoreTimings([Histogram; StoreOp::ALL.len()]);
+
+impl StoreTimings {
+    pub fn observe(&self, op: StoreOp, elapsed: Duration) {
+        self.0[op as usize].observe(elapsed.as_secs_f64());
+    }
+}
+
 /// Holds a gauge up by one while it lives.
 #[derive(Debug)]
 pub struct GaugeGuard<'a>(&'a Gauge);
@@ -405,7 +416,8 @@ mod tests {
     #[test]
     fn renders_the_metrics_spec_names() {
         let m = Metrics::new();
-        m.observe_store(StoreOp::Claim, Duration::from_millis(1));
+        m.store_timings()
+            .observe(StoreOp::Claim, Duration::from_millis(1));
         m.observe_upstream(Duration::from_millis(3));
         let _g = m.track_in_flight();
         let text = m.render();

@@ -74,7 +74,7 @@ pub fn decide(
         },
         Record::InFlight(m) => match on_concurrent {
             OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
-                retry_after: retry_after(m.lease_deadline_ms - now_ms),
+                retry_after: IN_FLIGHT_RETRY_AFTER,
             }),
             OnConcurrent::Wait => Decision::Wait {
                 lease_left: Duration::from_millis(m.lease_deadline_ms - now_ms),
@@ -84,10 +84,8 @@ pub fn decide(
 }
 
 /// A live owner usually finishes well before its lease ends (it renews while working),
-/// so clients are asked to come back soon rather than at the lease deadline.
-fn retry_after(lease_left_ms: u64) -> Duration {
-    Duration::from_millis(lease_left_ms.clamp(1, 1000)).max(Duration::from_secs(1))
-}
+/// so clients are asked to come back in a second rather than at the lease deadline.
+const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

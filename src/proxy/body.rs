@@ -2,12 +2,17 @@
 //! problems, recorded responses, guarded requests) or a stream from the other side,
 //! optionally behind bytes already read from it (a response too large to keep).
 
+use std::any::Any;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
+
+use crate::error::BoxError;
 
 #[derive(Debug)]
 pub enum ProxyBody {
@@ -16,9 +21,32 @@ pub enum ProxyBody {
         prefix: Option<Bytes>,
         rest: Incoming,
     },
+    /// A request body of another type than hyper's (the handler tests' in-memory bodies).
+    Boxed(UnsyncBoxBody<Bytes, BoxError>),
 }
 
+/// What the handler accepts as a request body: hyper's own, streamed as it is, or any
+/// other body (boxed once).
+pub trait RequestBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static {}
+
+impl<B: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static> RequestBody for B {}
+
 impl ProxyBody {
+    /// A request body to stream upstream: hyper's `Incoming` as it is (the server's
+    /// case, without an allocation), any other body boxed.
+    pub fn from_request<B: RequestBody>(body: B) -> Self {
+        let mut slot = Some(body);
+        if let Some(incoming) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Incoming>>()
+            && let Some(rest) = incoming.take()
+        {
+            return ProxyBody::stream(rest);
+        }
+        match slot {
+            Some(body) => ProxyBody::Boxed(body.map_err(Into::into).boxed_unsync()),
+            None => ProxyBody::empty(),
+        }
+    }
+
     pub fn full(bytes: impl Into<Bytes>) -> Self {
         let bytes = bytes.into();
         ProxyBody::Full((!bytes.is_empty()).then_some(bytes))
@@ -35,18 +63,19 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             ProxyBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ProxyBody::Stream { prefix, rest } => match prefix.take() {
                 Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                None => Pin::new(rest).poll_frame(cx),
+                None => Pin::new(rest).poll_frame(cx).map_err(Into::into),
             },
+            ProxyBody::Boxed(body) => Pin::new(body).poll_frame(cx),
         }
     }
 
@@ -54,6 +83,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(bytes) => bytes.is_none(),
             ProxyBody::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+            ProxyBody::Boxed(body) => body.is_end_stream(),
         }
     }
 
@@ -72,24 +102,27 @@ impl Body for ProxyBody {
                 }
                 hint
             }
+            ProxyBody::Boxed(body) => body.size_hint(),
         }
     }
 }
 
 /// A body read up to a limit.
 #[derive(Debug)]
-pub enum Capped {
+pub(crate) enum Capped<B> {
     Complete(Bytes),
     /// More than the limit arrived: what was read so far, and the unread rest.
     Overflow {
         prefix: Bytes,
-        rest: Incoming,
+        rest: B,
     },
 }
 
 /// Reads `body` whole unless it grows past `limit` bytes. Trailers are dropped.
-pub async fn collect_capped(mut body: Incoming, limit: u64) -> Result<Capped, hyper::Error> {
-    use http_body_util::BodyExt;
+pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
+    mut body: B,
+    limit: u64,
+) -> Result<Capped<B>, B::Error> {
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {
@@ -118,4 +151,32 @@ pub async fn collect_capped(mut body: Incoming, limit: u64) -> Result<Capped, hy
         }
     }
     Ok(Capped::Complete(first.unwrap_or_else(|| buf.freeze())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    #[tokio::test]
+    async fn another_body_type_is_boxed_and_streams_the_same_bytes() {
+        let body = ProxyBody::from_request(Full::new(Bytes::from_static(b"abc")));
+        assert!(matches!(body, ProxyBody::Boxed(_)));
+        let bytes = body.collect().await.expect("in memory").to_bytes();
+        assert_eq!(bytes, "abc");
+    }
+
+    #[tokio::test]
+    async fn collect_capped_reports_what_was_read_past_the_limit() {
+        let body = Full::new(Bytes::from_static(b"0123456789"));
+        match collect_capped(body, 4).await.expect("in memory") {
+            Capped::Overflow { prefix, .. } => assert_eq!(prefix, "0123456789"),
+            Capped::Complete(b) => panic!("not capped: {b:?}"),
+        }
+        let body = Full::new(Bytes::from_static(b"0123"));
+        assert!(matches!(
+            collect_capped(body, 4).await.expect("in memory"),
+            Capped::Complete(b) if b == "0123"
+        ));
+    }
 }

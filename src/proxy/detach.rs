@@ -32,10 +32,11 @@ impl<F: Future<Output: Send> + Send + 'static> Future for Detached<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(work) = self.work.as_mut() else {
-            // Polled after completion: a caller bug, never done here.
-            return Poll::Pending;
-        };
+        // Polling a finished future is a caller's bug; say so instead of hanging.
+        let work = self
+            .work
+            .as_mut()
+            .expect("Detached polled after it completed");
         let out = std::task::ready!(work.as_mut().poll(cx));
         self.work = None;
         Poll::Ready(out)
@@ -96,6 +97,14 @@ mod tests {
         tasks.close();
         tasks.wait().await;
         assert!(done.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "polled after it completed")]
+    async fn polling_after_completion_is_loud() {
+        let mut work = Box::pin(Detached::new(async { 7 }, TaskTracker::new()));
+        assert_eq!(futures_poll_once(work.as_mut()).await, Poll::Ready(7));
+        let _ = futures_poll_once(work.as_mut()).await;
     }
 
     async fn futures_poll_once<F: Future + Unpin>(mut f: F) -> Poll<F::Output> {

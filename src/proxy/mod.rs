@@ -1,11 +1,24 @@
 //! The HTTP side: accept loop, graceful shutdown, and the shared state of a running
 //! proxy. `main` and the tests both call [`serve`] with a bound listener.
+//!
+//! A request visits the files of this module in this order, and each depends only on
+//! those after it:
+//!
+//! 1. `handler.rs`: policy, key, body, fingerprint; pass-through or guarded;
+//! 2. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
+//! 3. `exchange.rs`: forward once and record (on its own task if the client leaves);
+//! 4. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
+//! 5. `reply.rs`: replays, problems, and the one place an answer is counted and logged;
+//! 6. `upstream.rs`: the pooled client, `send`, header rewriting; `body.rs`: body types.
 
-pub mod body;
+mod body;
+mod claim;
 mod detach;
 mod exchange;
-pub mod handler;
-pub mod upstream;
+mod handler;
+mod lease;
+mod reply;
+mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,12 +30,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Policy};
-use crate::metrics::{Metrics, StoreOp};
-use crate::store::{Store, StoreError};
-pub use body::ProxyBody;
+use crate::metrics::Metrics;
+use crate::store::{Store, Timed};
+pub use body::{ProxyBody, RequestBody};
+pub use handler::handle;
 pub use upstream::UpstreamClient;
 
 /// Which policy a request runs under: a route's, or the top-level `idempotency`.
@@ -33,24 +48,34 @@ pub struct PolicyId(Option<usize>);
 #[derive(Debug)]
 pub struct AppState<S> {
     pub config: Arc<Config>,
-    pub store: S,
+    /// Every call under `store.timeout` and timed, by the decorator.
+    pub store: Timed<S>,
     pub client: UpstreamClient,
     pub metrics: Metrics,
-    /// Forward-and-record tasks, which outlive a disconnected client; shutdown waits for them.
+    /// Forward-and-record tasks, which outlive a disconnected client, and background
+    /// retries; shutdown waits for them.
     tasks: TaskTracker,
+    /// Bounds how many background retries run at once (`lease.rs`).
+    retries: Arc<Semaphore>,
 }
 
 impl<S: Store> AppState<S> {
     pub fn new(config: Arc<Config>, store: S) -> Self {
+        Self::with_metrics(config, store, Metrics::new())
+    }
+
+    /// With metrics of the caller's making, e.g. [`Metrics::observable`] in tests.
+    pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
         let client = upstream::client(&config.upstream);
-        let mut metrics = Metrics::new();
         store.register_metrics(metrics.registry_mut());
+        let store = Timed::new(store, config.store.timeout, metrics.store_timings());
         Self {
             config,
             store,
             client,
             metrics,
             tasks: TaskTracker::new(),
+            retries: Arc::new(Semaphore::new(lease::MAX_BACKGROUND_RETRIES)),
         }
     }
 
@@ -63,27 +88,6 @@ impl<S: Store> AppState<S> {
             Some(route) => &route.policy,
             None => &self.config.idempotency,
         }
-    }
-
-    /// Runs one store operation under `store.timeout`, and times it. An operation that
-    /// is done at once (the memory store) never arms a timer.
-    pub(crate) async fn store_call<T>(
-        &self,
-        op: StoreOp,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let limit = self.config.store.timeout;
-        let started = tokio::time::Instant::now();
-        let mut call = std::pin::pin!(call);
-        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
-        let result = match first {
-            std::task::Poll::Ready(result) => result,
-            std::task::Poll::Pending => tokio::time::timeout(limit, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout(limit))),
-        };
-        self.metrics.observe_store(op, started.elapsed());
-        result
     }
 }
 

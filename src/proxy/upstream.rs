@@ -1,16 +1,20 @@
-//! The pooled client to the upstream and the header rewriting of RFC 9110 §7.6.1.
+//! The pooled client to the upstream, [`send`] and its failure classes, and the header
+//! rewriting of RFC 9110 §7.6.1. Pass-through and the guarded exchange both send here.
 
 use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Request, Uri};
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
 
-use super::body::ProxyBody;
+use super::body::{Capped, ProxyBody, collect_capped};
 use crate::config::UpstreamConfig;
+use crate::error::{BoxError, ProxyError, UnknownCause};
 
 pub type UpstreamClient = Client<HttpConnector, ProxyBody>;
 
@@ -34,7 +38,7 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 /// A pooled HTTP/1.1 client. hyper retries a request only when the pooled connection
 /// closed before any byte of it was written (`retry_canceled_requests`), which can never
 /// execute it twice; every other failure is reported to us.
-pub fn client(config: &UpstreamConfig) -> UpstreamClient {
+pub(crate) fn client(config: &UpstreamConfig) -> UpstreamClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(config.connect_timeout));
     connector.set_nodelay(true);
@@ -45,9 +49,69 @@ pub fn client(config: &UpstreamConfig) -> UpstreamClient {
         .build(connector)
 }
 
-/// Is this header one that must not cross the proxy, either way?
-pub fn is_hop_by_hop(name: &HeaderName, connection_named: &[HeaderName]) -> bool {
-    HOP_BY_HOP.contains(name) || connection_named.contains(name)
+/// Why an exchange with the upstream failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No connection was made: the request was never written, a retry may execute.
+    Unreachable(BoxError),
+    /// The request may have been written: the upstream may have executed it.
+    Unknown {
+        cause: UnknownCause,
+        source: Option<BoxError>,
+    },
+}
+
+impl From<Failure> for ProxyError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Unreachable(source) => ProxyError::UpstreamUnreachable(source),
+            Failure::Unknown { cause, source } => ProxyError::OutcomeUnknown { cause, source },
+        }
+    }
+}
+
+/// Sends `request` and waits for the response head until `deadline`. Hop-by-hop headers
+/// of the response are removed.
+pub(crate) async fn send(
+    client: &UpstreamClient,
+    request: Request<ProxyBody>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, Failure> {
+    match tokio::time::timeout_at(deadline, client.request(request)).await {
+        Err(_) => Err(Failure::Unknown {
+            cause: UnknownCause::Timeout,
+            source: None,
+        }),
+        Ok(Err(err)) if err.is_connect() => Err(Failure::Unreachable(err.into())),
+        Ok(Err(err)) => Err(Failure::Unknown {
+            cause: UnknownCause::Reset,
+            source: Some(err.into()),
+        }),
+        Ok(Ok(mut response)) => {
+            strip_hop_by_hop(response.headers_mut());
+            Ok(response)
+        }
+    }
+}
+
+/// Reads a response body up to `limit` bytes until `deadline`: the rest of the same
+/// exchange, failing the same ways.
+pub(crate) async fn read_body(
+    body: Incoming,
+    limit: u64,
+    deadline: Instant,
+) -> Result<Capped<Incoming>, Failure> {
+    match tokio::time::timeout_at(deadline, collect_capped(body, limit)).await {
+        Err(_) => Err(Failure::Unknown {
+            cause: UnknownCause::Timeout,
+            source: None,
+        }),
+        Ok(Err(err)) => Err(Failure::Unknown {
+            cause: UnknownCause::Reset,
+            source: Some(err.into()),
+        }),
+        Ok(Ok(capped)) => Ok(capped),
+    }
 }
 
 /// Headers named in `Connection` are hop-by-hop too.
@@ -62,7 +126,7 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// Removes hop-by-hop headers in place.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named = connection_named(headers);
     for name in HOP_BY_HOP.iter().chain(named.iter()) {
         headers.remove(name);
@@ -72,7 +136,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Builds the request to the upstream: same method, path and query on the upstream's
 /// authority, hop-by-hop headers dropped, `X-Forwarded-*` added. The `Host` the client
 /// sent is kept, as a transparent sidecar would.
-pub fn upstream_request(
+pub(crate) fn upstream_request(
     upstream: &Uri,
     mut parts: Parts,
     client: SocketAddr,

@@ -10,9 +10,11 @@ use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, S
 
 pub mod memory;
 pub mod redis;
+mod timed;
 
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+pub use timed::Timed;
 
 /// What a claim attempt is for.
 #[derive(Debug, Clone, Copy)]

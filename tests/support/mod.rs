@@ -20,6 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idemgate::config::Config;
+use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
 use idemgate::store::{MemoryStore, RedisStore, Store};
 use tokio::net::TcpListener;
@@ -65,7 +66,8 @@ impl<S: Store> Proxy<S> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let config = Arc::new(config);
-        let state = Arc::new(AppState::new(config, store));
+        // Observable: tests wait on counts with `metrics.wait_until`.
+        let state = Arc::new(AppState::with_metrics(config, store, Metrics::observable()));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(serve(listener, Arc::clone(&state), async move {
             let _ = stopped.await;

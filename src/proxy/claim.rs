@@ -1,0 +1,210 @@
+//! Claiming a key (SPEC §4): claim, [`decide`] on what is there, wait or take over, and
+//! again, until this request owns the key, has a record to replay, or is refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::AppState;
+use super::lease::{Job, in_background};
+use super::reply::problem_record;
+use crate::config::Policy;
+use crate::error::{ProxyError, UnknownCause};
+use crate::idempotency::{
+    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
+};
+use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
+
+/// How a claim ended, short of an error.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// The key is ours: forward, then record.
+    Owned(Lease),
+    /// A crashed owner's marker, taken over under `on_unknown_outcome: record`: what
+    /// happened upstream is unknown, and that is the key's outcome.
+    Abandoned(Lease),
+    /// A completed response, to send again.
+    Replay(Arc<Completed>),
+    /// The store did not answer the first claim, so nothing is known of the key:
+    /// `on_unavailable` decides.
+    Unavailable(StoreError),
+}
+
+/// A take-over can lose a race with another request; the key has then moved on and a
+/// fresh claim sees its new state. A few rounds settle any but a pathological race.
+const TAKE_OVER_RACES: u32 = 3;
+
+pub(crate) async fn claim<S: Store>(
+    state: &Arc<AppState<S>>,
+    policy: &Policy,
+    key: ScopedKey,
+    fingerprint: Fingerprint,
+) -> Result<Claimed, ProxyError> {
+    let mut waiter = Waiter::default();
+    let mut races = 0;
+    loop {
+        let claim = ClaimRequest {
+            key,
+            fingerprint,
+            token: OwnerToken::random(),
+            lease: policy.lease,
+            ttl: policy.ttl,
+        };
+        let (record, now_ms) = match state.store.claim(claim).await {
+            Ok(Claim::Acquired(lease)) => return Ok(Claimed::Owned(lease)),
+            Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
+            Err(err) => {
+                if matches!(err, StoreError::Timeout(_)) {
+                    // Our marker may have been written all the same.
+                    orphaned(state, policy, claim, Job::Release);
+                }
+                return Ok(Claimed::Unavailable(err));
+            }
+        };
+        let decision = decide(
+            &record,
+            &fingerprint,
+            now_ms,
+            policy.on_concurrent,
+            policy.on_unknown_outcome,
+        );
+        match decision {
+            Decision::Replay(completed) => return Ok(Claimed::Replay(completed)),
+            Decision::Reject(rejection) => return Err(rejection.into()),
+            Decision::Wait { lease_left } => waiter.wait(state, policy, key, lease_left).await?,
+            Decision::TakeOver { stale, then } => {
+                match take_over(state, policy, stale, claim, then).await? {
+                    Some(claimed) => return Ok(claimed),
+                    None if races < TAKE_OVER_RACES => races += 1,
+                    None => return Err(in_flight()),
+                }
+            }
+        }
+    }
+}
+
+fn in_flight() -> ProxyError {
+    ProxyError::InFlight {
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+/// Replaces a crashed owner's marker with ours. `None` when another request changed the
+/// key first.
+async fn take_over<S: Store>(
+    state: &Arc<AppState<S>>,
+    policy: &Policy,
+    stale: OwnerToken,
+    claim: ClaimRequest,
+    then: AfterTakeOver,
+) -> Result<Option<Claimed>, ProxyError> {
+    match state.store.take_over(stale, claim).await {
+        Ok(Some(lease)) => Ok(Some(match then {
+            AfterTakeOver::Forward => Claimed::Owned(lease),
+            AfterTakeOver::RecordUnknown => Claimed::Abandoned(lease),
+        })),
+        Ok(None) => Ok(None),
+        Err(err) => {
+            if matches!(err, StoreError::Timeout(_)) {
+                // Our marker may be there: finish what the take-over was for, so that
+                // the key does not wait out a lease nobody holds. Under `release` the
+                // key is freed; under `record` the unknown outcome is recorded, never
+                // freed (the crashed owner may have executed the request).
+                orphaned(state, policy, claim, |lease| match then {
+                    AfterTakeOver::Forward => Job::Release(lease),
+                    AfterTakeOver::RecordUnknown => Job::Record {
+                        lease,
+                        record: Arc::new(abandoned_record(claim.fingerprint)),
+                        ttl: policy.ttl,
+                    },
+                });
+            }
+            // The key is known to be taken: forwarding it unguarded (`pass_through`)
+            // would knowingly execute it twice.
+            Err(ProxyError::StoreUnavailable(err))
+        }
+    }
+}
+
+/// The record of a key whose owner crashed before recording (SPEC §4).
+pub(crate) fn abandoned_record(fingerprint: Fingerprint) -> Completed {
+    let problem = abandoned_error().problem();
+    problem_record(&problem, fingerprint)
+}
+
+pub(crate) fn abandoned_error() -> ProxyError {
+    ProxyError::OutcomeUnknown {
+        cause: UnknownCause::LeaseExpired,
+        source: None,
+    }
+}
+
+/// SPEC §8 "Orphaned claims": a call that timed out may still have been written. Once
+/// the store answers again, `job` settles the marker if it is still ours.
+fn orphaned<S: Store>(
+    state: &Arc<AppState<S>>,
+    policy: &Policy,
+    claim: ClaimRequest,
+    job: impl FnOnce(Lease) -> Job,
+) {
+    let lease = Lease {
+        key: claim.key,
+        token: claim.token,
+    };
+    in_background(state, job(lease), Instant::now() + policy.lease);
+}
+
+/// `on_concurrent: wait`: subscribed before the key is read again, and waiting until
+/// one deadline however many times the key is looked at.
+struct Waiter<W> {
+    watch: Option<W>,
+    deadline: Option<Instant>,
+}
+
+impl<W> Default for Waiter<W> {
+    fn default() -> Self {
+        Self {
+            watch: None,
+            deadline: None,
+        }
+    }
+}
+
+impl<W: Watch> Waiter<W> {
+    /// Subscribes on the first call (the caller then claims again); waits for a change
+    /// on the next ones.
+    async fn wait<S: Store<Watch = W>>(
+        &mut self,
+        state: &AppState<S>,
+        policy: &Policy,
+        key: ScopedKey,
+        lease_left: Duration,
+    ) -> Result<(), ProxyError> {
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + policy.wait_timeout);
+        match self.watch.take() {
+            // Another request holds this key: forwarding it unguarded (pass_through)
+            // would knowingly execute it twice.
+            None => {
+                let watch = state
+                    .store
+                    .watch(key)
+                    .await
+                    .map_err(ProxyError::StoreUnavailable)?;
+                self.watch = Some(watch);
+            }
+            Some(watch) => {
+                if Instant::now() >= deadline {
+                    return Err(in_flight());
+                }
+                // A crashed owner never says it is done: look again when its lease ends.
+                let wake = deadline.min(Instant::now() + lease_left);
+                let _waiting = state.metrics.track_waiting();
+                let _ = tokio::time::timeout_at(wake, watch.changed()).await;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! What a request is answered with: replays, problems, and [`finish`], the one place
+//! where a request's outcome is counted and its failure logged. The handler calls it for
+//! every answer it makes; the exchange calls it from its own task, which may outlive the
+//! client, so that an outcome is counted whether or not anyone hears it.
+
+use http::Response;
+use http::header::{HeaderName, HeaderValue};
+
+use super::body::ProxyBody;
+use crate::error::{Problem, ProxyError};
+use crate::idempotency::{Completed, StoredBody};
+use crate::metrics::{Metrics, Outcome};
+
+pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// An answer and how it came about, not yet counted.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) outcome: Outcome,
+    pub(crate) response: Response<ProxyBody>,
+}
+
+impl Reply {
+    pub(crate) fn new(outcome: Outcome, response: Response<ProxyBody>) -> Self {
+        Self { outcome, response }
+    }
+}
+
+/// An answer that has been counted. Only [`finish`] makes one, so no answer is counted
+/// twice or not at all.
+#[derive(Debug)]
+pub(crate) struct Counted(Reply);
+
+impl Counted {
+    pub(crate) fn outcome(&self) -> Outcome {
+        self.0.outcome
+    }
+
+    pub(crate) fn status(&self) -> http::StatusCode {
+        self.0.response.status()
+    }
+
+    pub(crate) fn into_response(self) -> Response<ProxyBody> {
+        self.0.response
+    }
+}
+
+/// Counts the outcome, logs an infrastructure failure once, and turns an error into its
+/// problem answer.
+pub(crate) fn finish(metrics: &Metrics, result: Result<Reply, ProxyError>) -> Counted {
+    let reply = match result {
+        Ok(reply) => reply,
+        Err(err) => {
+            if err.is_infrastructure() {
+                tracing::warn!(
+                    error = %err,
+                    source = ?std::error::Error::source(&err).map(ToString::to_string),
+                    "request failed"
+                );
+            }
+            Reply::new(err.outcome(), problem_response(&err.problem(), false))
+        }
+    };
+    metrics.count(reply.outcome);
+    Counted(reply)
+}
+
+/// A stored response, sent again. `Date` and `Content-Length` are made anew by hyper.
+pub(crate) fn replay_response(completed: &Completed) -> Response<ProxyBody> {
+    let body = match &completed.body {
+        StoredBody::Stored(body) => ProxyBody::full(body.clone()),
+        StoredBody::TooLarge => ProxyBody::empty(),
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = completed.status;
+    let headers = response.headers_mut();
+    for (name, value) in &completed.headers {
+        headers.append(name, value.clone());
+    }
+    headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// A problem answer; `replayed` when it comes from a stored record.
+pub(crate) fn problem_response(problem: &Problem, replayed: bool) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(problem.body()));
+    *response.status_mut() = problem.status;
+    let headers = response.headers_mut();
+    for (name, value) in problem.headers() {
+        headers.append(name, value);
+    }
+    if replayed {
+        headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// A problem as a record to keep under the key, so that retries get the same answer.
+pub(crate) fn problem_record(
+    problem: &Problem,
+    fingerprint: crate::idempotency::Fingerprint,
+) -> Completed {
+    Completed {
+        fingerprint,
+        status: problem.status,
+        headers: problem.headers(),
+        body: StoredBody::Stored(problem.body()),
+    }
+}

@@ -1,0 +1,191 @@
+//! The deadline and the latency histogram of every store call, as a decorator around
+//! any [`Store`], the way tower-http puts a timeout in a layer: the proxy talks to a
+//! `Timed<S>` and never times a call by hand.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use crate::idempotency::{Completed, OwnerToken, ScopedKey};
+use crate::metrics::{StoreOp, StoreTimings};
+
+/// A store whose every call ends within `limit` (as [`StoreError::Timeout`]) and is
+/// observed in `idemgate_store_duration_seconds{op}`.
+#[derive(Debug)]
+pub struct Timed<S> {
+    inner: S,
+    limit: Duration,
+    timings: StoreTimings,
+}
+
+impl<S: Store> Timed<S> {
+    pub fn new(inner: S, limit: Duration, timings: StoreTimings) -> Self {
+        Self {
+            inner,
+            limit,
+            timings,
+        }
+    }
+
+    /// Runs one call under the deadline, and times it. A call that is done at once (the
+    /// memory store) never arms a timer.
+    async fn call<T>(
+        &self,
+        op: StoreOp,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = tokio::time::Instant::now();
+        let mut call = pin!(call);
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let result = match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => tokio::time::timeout(self.limit, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(self.limit))),
+        };
+        self.timings.observe(op, started.elapsed());
+        result
+    }
+}
+
+/// The backend's own methods (its size, its gauges) stay reachable; every [`Store`] call
+/// goes through the decorator, whose methods take precedence.
+impl<S> std::ops::Deref for Timed<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Store> Store for Timed<S> {
+    type Watch = S::Watch;
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        self.call(StoreOp::Claim, self.inner.claim(req)).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        record: Arc<Completed>,
+        ttl: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.call(StoreOp::Complete, self.inner.complete(lease, record, ttl))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
+        self.call(StoreOp::Release, self.inner.release(lease)).await
+    }
+
+    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
+        self.call(StoreOp::Renew, self.inner.renew(lease, lease_for))
+            .await
+    }
+
+    async fn take_over(
+        &self,
+        stale: OwnerToken,
+        req: ClaimRequest,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.call(StoreOp::TakeOver, self.inner.take_over(stale, req))
+            .await
+    }
+
+    async fn watch(&self, key: ScopedKey) -> Result<S::Watch, StoreError> {
+        self.call(StoreOp::Watch, self.inner.watch(key)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.call(StoreOp::Ping, self.inner.ping()).await
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.inner.register_metrics(registry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// A store whose every call hangs: only the decorator's deadline ends it.
+    struct Hanging;
+
+    #[derive(Debug)]
+    struct NoWatch;
+
+    impl super::super::Watch for NoWatch {
+        async fn changed(self) {}
+    }
+
+    impl Store for Hanging {
+        type Watch = NoWatch;
+        async fn claim(&self, _: ClaimRequest) -> Result<Claim, StoreError> {
+            std::future::pending().await
+        }
+        async fn complete(
+            &self,
+            _: &Lease,
+            _: Arc<Completed>,
+            _: Duration,
+        ) -> Result<Fenced, StoreError> {
+            std::future::pending().await
+        }
+        async fn release(&self, _: &Lease) -> Result<Fenced, StoreError> {
+            std::future::pending().await
+        }
+        async fn renew(&self, _: &Lease, _: Duration) -> Result<Fenced, StoreError> {
+            std::future::pending().await
+        }
+        async fn take_over(
+            &self,
+            _: OwnerToken,
+            _: ClaimRequest,
+        ) -> Result<Option<Lease>, StoreError> {
+            std::future::pending().await
+        }
+        async fn watch(&self, _: ScopedKey) -> Result<NoWatch, StoreError> {
+            std::future::pending().await
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_does_not_answer_times_out_and_is_observed() {
+        let metrics = Metrics::new();
+        let limit = Duration::from_millis(250);
+        let store = Timed::new(Hanging, limit, metrics.store_timings());
+        let started = tokio::time::Instant::now();
+        assert!(matches!(store.ping().await, Err(StoreError::Timeout(l)) if l == limit));
+        assert_eq!(started.elapsed(), limit);
+        assert!(
+            metrics
+                .render()
+                .contains("idemgate_store_duration_seconds_count{op=\"ping\"} 1")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ready_call_is_observed_under_its_own_op() {
+        let metrics = Metrics::new();
+        let store = Timed::new(
+            crate::store::MemoryStore::new(8),
+            Duration::from_secs(1),
+            metrics.store_timings(),
+        );
+        store.ping().await.expect("memory store answers");
+        assert!(
+            metrics
+                .render()
+                .contains("idemgate_store_duration_seconds_count{op=\"ping\"} 1")
+        );
+    }
+}
