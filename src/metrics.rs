@@ -430,4 +430,25 @@ mod tests {
             assert!(text.contains(needle), "{needle} missing in:\n{text}");
         }
     }
+
+    #[tokio::test]
+    async fn observable_metrics_wake_a_waiter_when_a_count_makes_its_condition_true() {
+        let m = std::sync::Arc::new(Metrics::observable());
+        let waiter = tokio::spawn({
+            let m = std::sync::Arc::clone(&m);
+            async move { m.wait_until(|m| m.requests(Outcome::Replayed) == 2).await }
+        });
+        m.count(Outcome::Replayed);
+        m.count(Outcome::Replayed);
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .expect("waiter task");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "Metrics::observable")]
+    async fn plain_metrics_cannot_be_waited_on() {
+        Metrics::new().wait_until(|_| false).await;
+    }
 }

@@ -241,3 +241,57 @@ async fn the_access_log_has_one_json_line_per_request_without_secrets() {
         "{log}"
     );
 }
+
+/// The `request failed` lines of a JSON log, by the error they name.
+fn failures(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "request failed")
+        .map(|v| v["error"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_upstream_failure_is_logged_once_whether_guarded_or_not() {
+    // Nothing listens on this port: a connect failure, keyed and keyless.
+    let closed = support::bin::free_port();
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: http://127.0.0.1:{closed}\nadmin:\n  listen: null\nlog:\n  format: json\n"
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+    let running = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(running.addr);
+    assert_eq!(c.post("/charges", "k1", "{}").await.status, 502);
+    assert_eq!(c.send("POST", "/charges", &[], "{}").await.status, 502);
+    assert!(
+        log_contains(&running, "\"outcome\":\"upstream_unreachable\"").await,
+        "{}",
+        running.stderr()
+    );
+    let failed = failures(&running.stderr());
+    assert_eq!(
+        failed,
+        ["could not connect to the upstream"; 2],
+        "{}",
+        running.stderr()
+    );
+
+    // An upstream timeout on the guarded path, which was never logged.
+    let up = Upstream::start().await;
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\n  timeout: 200ms\nadmin:\n  listen: null\nlog:\n  format: json\n",
+        up.url()
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+    let running = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(running.addr);
+    assert_eq!(c.post("/hang", "k2", "{}").await.status, 504);
+    assert!(
+        log_contains(&running, "\"outcome\":\"outcome_unknown\"").await,
+        "{}",
+        running.stderr()
+    );
+    let failed = failures(&running.stderr());
+    assert_eq!(failed.len(), 1, "{}", running.stderr());
+    assert!(failed[0].contains("outcome is unknown"), "{failed:?}");
+}

@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod fault;
 pub mod monitor;
 pub mod redis;
+pub mod stall;
 pub mod upstream;
 
 use std::net::SocketAddr;
