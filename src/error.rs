@@ -11,17 +11,17 @@ use crate::idempotency::{KeyError, Rejection};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Base of every problem `type`; the slug is appended. Stable: clients may match on it.
-pub const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
+pub(crate) const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
 
 /// How long a client is asked to wait after `503 store-unavailable`.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why the upstream's outcome is unknown after the request may have reached it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnknownCause {
+pub(crate) enum UnknownCause {
     /// `upstream.timeout` passed: 504.
     Timeout,
     /// The connection failed after the request may have been written: 502.
@@ -31,7 +31,7 @@ pub enum UnknownCause {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     #[error("the route requires the {header} header")]
     MissingKey { header: HeaderName },
     #[error("invalid idempotency key: {0}")]
@@ -71,17 +71,17 @@ impl From<Rejection> for ProxyError {
 
 /// A problem answer, ready to send or to store as a recorded outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub status: StatusCode,
-    pub slug: &'static str,
-    pub title: &'static str,
-    pub detail: String,
-    pub retry_after: Option<Duration>,
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    pub(crate) slug: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) detail: String,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl ProxyError {
     /// The status table of SPEC §7. Exhaustive on purpose: a new error must be placed.
-    pub fn problem(&self) -> Problem {
+    pub(crate) fn problem(&self) -> Problem {
         use ProxyError as E;
         let (status, slug, title, retry_after) = match self {
             E::MissingKey { .. } => (
@@ -173,7 +173,7 @@ impl ProxyError {
     }
 
     /// The metric label of each error, beside its status: exhaustive, like the table.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         use ProxyError as E;
         match self {
             E::MissingKey { .. } => Outcome::MissingKey,
@@ -191,7 +191,7 @@ impl ProxyError {
 
     /// Whether the error is about our infrastructure (store, upstream), which an
     /// operator must hear of, rather than about the client's request.
-    pub fn is_infrastructure(&self) -> bool {
+    pub(crate) fn is_infrastructure(&self) -> bool {
         use ProxyError as E;
         match self {
             E::StoreUnavailable(_) | E::UpstreamUnreachable(_) | E::OutcomeUnknown { .. } => true,
@@ -238,12 +238,12 @@ impl ProxyError {
 
 impl Problem {
     /// The `type` URI: a stable base plus the slug.
-    pub fn type_uri(&self) -> String {
+    pub(crate) fn type_uri(&self) -> String {
         format!("{PROBLEM_BASE}{}", self.slug)
     }
 
     /// The JSON body of RFC 9457.
-    pub fn body(&self) -> Bytes {
+    pub(crate) fn body(&self) -> Bytes {
         let body = serde_json::json!({
             "type": self.type_uri(),
             "title": self.title,
@@ -254,7 +254,7 @@ impl Problem {
     }
 
     /// Headers of the problem answer, in the order they are sent and stored.
-    pub fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+    pub(crate) fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut headers = vec![(
             CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -4,14 +4,14 @@
 //! the system looks like a SIGKILL at an exact moment.
 
 /// After the claim was acquired, before the request is forwarded.
-pub const AFTER_CLAIM: &str = "after-claim";
+pub(crate) const AFTER_CLAIM: &str = "after-claim";
 /// After the upstream answered, before the outcome is recorded.
-pub const AFTER_FORWARD: &str = "after-forward";
+pub(crate) const AFTER_FORWARD: &str = "after-forward";
 /// After the outcome was recorded, before the response is sent.
-pub const AFTER_RECORD: &str = "after-record";
+pub(crate) const AFTER_RECORD: &str = "after-record";
 
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &'static str) {
+pub(crate) fn hit(name: &'static str) {
     static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     let armed = CRASH_AT.get_or_init(|| std::env::var("IDEMGATE_CRASH_AT").ok());
     if armed.as_deref() == Some(name) {
@@ -22,4 +22,4 @@ pub fn hit(name: &'static str) {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &'static str) {}
+pub(crate) fn hit(_name: &'static str) {}

@@ -5,19 +5,22 @@
 //!
 //! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
 //! - [`config`]: YAML file -> raw serde structs -> validated, typed [`config::Config`].
-//! - [`error`]: the errors the proxy answers itself and their one status table.
-//! - [`failpoint`]: named crash points for the fault suite (feature `failpoints`).
+//! - `error` (private): the errors the proxy answers itself, their one status table and
+//!   their outcome labels.
+//! - `failpoint` (private): named crash points for the fault suite (feature `failpoints`).
 //! - [`idempotency`]: the pure engine: keys, fingerprints, records, the decision table.
-//! - [`store`]: the [`store::Store`] trait and its backends (memory, redis).
-//! - [`proxy`]: accept loop and shutdown, the request handler, the upstream client.
+//! - [`store`]: the [`store::Store`] trait, its backends (memory, redis) and the timing
+//!   decorator every call goes through.
+//! - [`proxy`]: accept loop and shutdown, then the request path in the order a request
+//!   visits it: handler, claim, exchange, lease, reply, upstream.
 //! - [`metrics`]: request outcomes and counters.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.
 
 pub mod admin;
 pub mod cli;
 pub mod config;
-pub mod error;
-pub mod failpoint;
+mod error;
+mod failpoint;
 pub mod idempotency;
 pub mod metrics;
 pub mod proxy;
