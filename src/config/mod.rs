@@ -223,11 +223,6 @@ impl Config {
         render::to_yaml(self)
     }
 
-    /// The effective policy for a request path: the first route (file order) whose
-    /// prefix matches segment-wise, else the top-level `idempotency` policy.
-    ///
-    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
-    /// matches every path. A query string, if one is passed, is ignored.
     /// Whether any route (or the default policy) lets duplicates wait for the owner.
     pub fn uses_wait(&self) -> bool {
         std::iter::once(&self.idempotency)
@@ -235,14 +230,13 @@ impl Config {
             .any(|p| p.on_concurrent == OnConcurrent::Wait)
     }
 
-    pub fn policy_for(&self, path: &str) -> &Policy {
-        self.route_index(path)
-            .map_or(&self.idempotency, |i| &self.routes[i].policy)
-    }
-
-    /// Index of the first route (file order) whose prefix matches `path` segment-wise.
-    /// Overlapping routes are allowed; a route listed after one that covers it never
-    /// applies, exactly as "first match wins" says.
+    /// Index of the first route (file order) whose prefix matches `path` segment-wise;
+    /// `None` means the top-level `idempotency` policy applies.
+    ///
+    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
+    /// matches every path. A query string, if one is passed, is ignored. Overlapping
+    /// routes are allowed; a route listed after one that covers it never applies,
+    /// exactly as "first match wins" says.
     pub fn route_index(&self, path: &str) -> Option<usize> {
         let path = path.split_once('?').map_or(path, |(path, _query)| path);
         self.routes
