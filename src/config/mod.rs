@@ -8,12 +8,14 @@
 //!    YAML parser has already dropped);
 //! 3. [`raw`] deserializes the value into structs that deny unknown keys, using
 //!    [`values`] to parse units, enums and addresses, with `serde_path_to_error`
-//!    recording where each one was;
+//!    recording where each one was ([`policy`] declares the keys that `idempotency`
+//!    and `routes[]` share, once each);
 //! 4. [`validate`] applies defaults and the checks that span several keys.
 //!
 //! [`render`] goes the other way for `--check`.
 
 mod interp;
+mod policy;
 mod raw;
 mod render;
 mod units;
@@ -28,7 +30,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, Uri};
+use http::Uri;
+
+pub use policy::Policy;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -93,26 +97,6 @@ pub enum OnConcurrent {
 pub enum OnUnknownOutcome {
     Record,
     Release,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
-    /// false only for routes with `enabled: false`.
-    pub enabled: bool,
-    pub header: HeaderName,   // lower-cased by HeaderName
-    pub methods: Vec<Method>, // non-empty, upper-case
-    pub required: bool,
-    pub ttl: Duration,
-    pub lease: Duration,
-    pub on_concurrent: OnConcurrent,
-    pub wait_timeout: Duration,
-    pub on_unknown_outcome: OnUnknownOutcome,
-    pub release_statuses: Vec<StatusCode>,
-    pub scope_headers: Vec<HeaderName>,
-    pub fingerprint_headers: Vec<HeaderName>,
-    pub replay_drop_headers: Vec<HeaderName>,
-    pub max_request_body: u64,
-    pub max_response_body: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

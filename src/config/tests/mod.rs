@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use http::{HeaderName, Method, StatusCode};
+
 use super::*;
 
 mod errors;
