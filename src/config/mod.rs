@@ -9,7 +9,7 @@
 //! 3. [`raw`] deserializes the value into structs that deny unknown keys, using
 //!    [`values`] to parse units, enums and addresses, with `serde_path_to_error`
 //!    recording where each one was ([`policy`] declares the keys that `idempotency`
-//!    and `routes[]` share, once each);
+//!    and `routes[]` share, [`sections`] those of `upstream` and `log`, once each);
 //! 4. [`validate`] applies defaults and the checks that span several keys.
 //!
 //! [`render`] goes the other way for `--check`.
@@ -18,6 +18,7 @@ mod interp;
 mod policy;
 mod raw;
 mod render;
+mod sections;
 mod units;
 mod validate;
 mod values;
@@ -30,9 +31,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Uri;
-
 pub use policy::Policy;
+pub use sections::{LogConfig, UpstreamConfig};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -46,17 +46,6 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamConfig {
-    /// http:// only; scheme + authority (+ optional base path, which is prefixed to request paths).
-    ///
-    /// The authority is kept as written: no port means 80 (`port_u16()` is `None`).
-    /// A trailing `/` of the base path is removed, so the path is `/` or `/base`.
-    pub url: Uri,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,12 +104,6 @@ pub struct AdminConfig {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogConfig {
-    pub format: LogFormat,
-    pub level: String,
 }
 
 /// Why a configuration was refused.

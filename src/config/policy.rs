@@ -13,7 +13,8 @@
 //! - the field of [`RawPolicy`] and [`RawRoute`], both `deny_unknown_fields`: `RawType`
 //!   parses the value inside its own `Deserialize`, so an error names its path
 //!   (`routes[1].ttl`), and [`Raw::typed`] turns it into `TypedType`;
-//! - the merge of a route over `idempotency` ([`RawPolicy::apply`], [`RawRoute::merge`]);
+//! - the conversion of `idempotency` ([`Raw::typed`]) and the merge of a route over it
+//!   ([`RawRoute::merge`]);
 //! - the printing ([`Policy::to_mapping`]), where `render_fn` takes `&TypedType`.
 //!
 //! Keys under `route_only` belong to routes alone (`idempotency` refuses them, so
@@ -80,12 +81,16 @@ macro_rules! policy_keys {
             $($key: Option<$raw>,)*
         }
 
-        impl RawPolicy {
-            /// Replaces the keys of `policy` that are written here.
-            pub(super) fn apply(self, policy: &mut Policy) {
+        impl Raw for RawPolicy {
+            type Typed = Policy;
+
+            /// The defaults, with the keys written here replaced.
+            fn typed(self) -> Policy {
+                let mut policy = Policy::default();
                 $(if let Some(value) = self.$key {
                     policy.$key = value.typed();
                 })*
+                policy
             }
         }
 

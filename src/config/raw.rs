@@ -4,7 +4,8 @@
 //! are parsed by the types in `values` while deserializing, so that
 //! `serde_path_to_error` attaches the full path (`routes[1].ttl`) to the error without
 //! any bookkeeping of ours. Defaults and checks that involve several keys live in
-//! `validate`.
+//! `validate`. The raw forms of `idempotency`, `routes[]`, `upstream` and `log` are
+//! generated next to their typed forms, in `policy` and `sections`.
 
 use std::net::SocketAddr;
 
@@ -12,8 +13,9 @@ use http::Uri;
 use serde::{Deserialize, Deserializer};
 
 use super::policy::{RawPolicy, RawRoute};
-use super::values::{Addr, Count, Dur, Flag, LogLevel, Pick, UpstreamUrl};
-use super::{ConfigError, LogFormat, OnUnavailable, StoreKind};
+use super::sections::{RawLog, RawUpstream};
+use super::values::{Addr, Count, Dur, Flag, Pick, UpstreamUrl};
+use super::{ConfigError, OnUnavailable, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 pub(super) fn deserialize(value: serde_yaml::Value) -> Result<RawConfig, ConfigError> {
@@ -76,17 +78,6 @@ impl RawConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a mapping with url, connect_timeout, timeout"
-)]
-pub(super) struct RawUpstream {
-    pub(super) url: Option<UpstreamUrl>,
-    pub(super) connect_timeout: Option<Dur>,
-    pub(super) timeout: Option<Dur>,
-}
-
-#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of store keys")]
 pub(super) struct RawStore {
     pub(super) kind: Option<Pick<StoreKind>>,
@@ -111,11 +102,4 @@ pub(super) struct RawAdmin {
 /// Marks a key as present even when its value is `null`.
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Addr>>, D::Error> {
     Option::<Addr>::deserialize(d).map(Some)
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with format, level")]
-pub(super) struct RawLog {
-    pub(super) format: Option<Pick<LogFormat>>,
-    pub(super) level: Option<LogLevel>,
 }

@@ -2,12 +2,12 @@
 //!
 //! Everything is printed, defaults included, in SPEC §6 order, so an operator sees
 //! what the proxy will actually do; the output parses back to an equal `Config`.
-//! The keys of `idempotency` and `routes[]` are printed by `Policy::to_mapping`, which
-//! `policy` generates from their declarations with the printers at the end of this file.
+//! The keys declared in `policy` and `sections` are printed by the `to_mapping` methods
+//! generated there, with the printers at the end of this file.
 
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, Method, StatusCode, Uri};
 use serde_yaml::{Mapping, Value};
 
 use super::Config;
@@ -18,15 +18,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
     put(&mut root, "listen", config.listen.to_string());
 
-    let mut upstream = Mapping::new();
-    put(&mut upstream, "url", upstream_url(config));
-    put(
-        &mut upstream,
-        "connect_timeout",
-        duration(&config.upstream.connect_timeout),
-    );
-    put(&mut upstream, "timeout", duration(&config.upstream.timeout));
-    put(&mut root, "upstream", upstream);
+    put(&mut root, "upstream", config.upstream.to_mapping());
 
     let store = &config.store;
     let mut map = Mapping::new();
@@ -69,10 +61,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
     put(&mut admin, "listen", listen);
     put(&mut root, "admin", admin);
 
-    let mut log = Mapping::new();
-    put(&mut log, "format", config.log.format.name());
-    put(&mut log, "level", config.log.level.as_str());
-    put(&mut root, "log", log);
+    put(&mut root, "log", config.log.to_mapping());
 
     put(
         &mut root,
@@ -82,14 +71,6 @@ pub(super) fn to_yaml(config: &Config) -> String {
 
     serde_yaml::to_string(&Value::Mapping(root))
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"))
-}
-
-/// `http://host:port` without the `/` that `Uri` adds for an empty path, as written.
-fn upstream_url(config: &Config) -> String {
-    let url = &config.upstream.url;
-    let authority = url.authority().map_or("", |a| a.as_str());
-    let path = url.path().trim_end_matches('/');
-    format!("http://{authority}{path}")
 }
 
 fn put(map: &mut Mapping, key: &str, value: impl Into<Value>) {
@@ -108,6 +89,17 @@ pub(super) fn size(bytes: &u64) -> Value {
         SizeText::WithUnit(text) => text.into(),
         SizeText::Bytes(n) => n.into(),
     }
+}
+
+pub(super) fn text(value: &str) -> Value {
+    value.into()
+}
+
+/// `http://host:port` without the `/` that `Uri` adds for an empty path, as written.
+pub(super) fn upstream_url(url: &Uri) -> Value {
+    let authority = url.authority().map_or("", |a| a.as_str());
+    let path = url.path().trim_end_matches('/');
+    format!("http://{authority}{path}").into()
 }
 
 pub(super) fn flag(value: &bool) -> Value {

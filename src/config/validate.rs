@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::policy::RawRoute;
 use super::raw::{RawConfig, RawStore};
-use super::values::{UpstreamUrl, parse_upstream_url};
+use super::values::Raw;
 use super::{
-    AdminConfig, Config, ConfigError, LogConfig, LogFormat, OnUnavailable, Policy, Route,
-    StoreConfig, StoreKind, UpstreamConfig, redact_url,
+    AdminConfig, Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig, StoreKind,
+    redact_url,
 };
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -17,33 +17,12 @@ const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 
-/// The upstream when the file names none.
-pub(super) const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
-
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
-    let upstream = raw.upstream.unwrap_or_default();
-    // SPEC §6 lists http://127.0.0.1:9000 among the defaults: a sidecar's service
-    // usually listens next to it.
-    let url = match upstream.url {
-        Some(url) => url,
-        None => UpstreamUrl(
-            parse_upstream_url(DEFAULT_UPSTREAM)
-                .map_err(|m| ConfigError::invalid("upstream.url", m))?,
-        ),
-    };
-    let mut idempotency = Policy::default();
-    raw.idempotency.unwrap_or_default().apply(&mut idempotency);
+    let idempotency = raw.idempotency.unwrap_or_default().typed();
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
-    let log = raw.log.unwrap_or_default();
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
-        upstream: UpstreamConfig {
-            url: url.0,
-            connect_timeout: upstream
-                .connect_timeout
-                .map_or(Duration::from_secs(2), |d| d.0),
-            timeout: upstream.timeout.map_or(Duration::from_secs(30), |d| d.0),
-        },
+        upstream: raw.upstream.unwrap_or_default().typed(),
         store: build_store(raw.store.unwrap_or_default())?,
         idempotency,
         routes,
@@ -53,10 +32,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
                 Some(listen) => listen.map(|addr| addr.0),
             },
         },
-        log: LogConfig {
-            format: log.format.map_or(LogFormat::Text, |f| f.0),
-            level: log.level.map_or_else(|| "info".to_owned(), |l| l.0),
-        },
+        log: raw.log.unwrap_or_default().typed(),
         shutdown_timeout: raw
             .shutdown_timeout
             .map_or(Duration::from_secs(30), |d| d.0),

@@ -44,6 +44,8 @@ raw_newtypes! {
     Header => HeaderName,
     Methods => Vec<Method>,
     Status => StatusCode,
+    UpstreamUrl => Uri,
+    LogLevel => String,
 }
 
 impl<T: Choice> Raw for Pick<T> {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, Method, StatusCode, Uri};
 
 use super::*;
 
