@@ -13,8 +13,8 @@
 //! - the field of [`RawPolicy`] and [`RawRoute`], both `deny_unknown_fields`: `RawType`
 //!   parses the value inside its own `Deserialize`, so an error names its path
 //!   (`routes[1].ttl`), and [`Raw::typed`] turns it into `TypedType`;
-//! - the conversion of `idempotency` ([`Raw::typed`]) and the merge of a route over it
-//!   ([`RawRoute::merge`]);
+//! - the building of `idempotency` (the defaults with the keys it writes replaced) and
+//!   of a route (`idempotency` with the keys it writes replaced, [`RawRoute::merge`]);
 //! - the printing ([`Policy::to_mapping`]), where `render_fn` takes `&TypedType`.
 //!
 //! Keys under `route_only` belong to routes alone (`idempotency` refuses them, so
