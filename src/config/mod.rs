@@ -8,14 +8,17 @@
 //!    YAML parser has already dropped);
 //! 3. [`raw`] deserializes the value into structs that deny unknown keys, using
 //!    [`values`] to parse units, enums and addresses, with `serde_path_to_error`
-//!    recording where each one was;
+//!    recording where each one was ([`policy`] declares the keys that `idempotency`
+//!    and `routes[]` share, [`sections`] those of `upstream` and `log`, once each);
 //! 4. [`validate`] applies defaults and the checks that span several keys.
 //!
 //! [`render`] goes the other way for `--check`.
 
 mod interp;
+mod policy;
 mod raw;
 mod render;
+mod sections;
 mod units;
 mod validate;
 mod values;
@@ -28,7 +31,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, Uri};
+pub use policy::Policy;
+pub use sections::{LogConfig, UpstreamConfig};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -42,17 +46,6 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamConfig {
-    /// http:// only; scheme + authority (+ optional base path, which is prefixed to request paths).
-    ///
-    /// The authority is kept as written: no port means 80 (`port_u16()` is `None`).
-    /// A trailing `/` of the base path is removed, so the path is `/` or `/base`.
-    pub url: Uri,
-    pub connect_timeout: Duration,
-    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,26 +89,6 @@ pub enum OnUnknownOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
-    /// false only for routes with `enabled: false`.
-    pub enabled: bool,
-    pub header: HeaderName,   // lower-cased by HeaderName
-    pub methods: Vec<Method>, // non-empty, upper-case
-    pub required: bool,
-    pub ttl: Duration,
-    pub lease: Duration,
-    pub on_concurrent: OnConcurrent,
-    pub wait_timeout: Duration,
-    pub on_unknown_outcome: OnUnknownOutcome,
-    pub release_statuses: Vec<StatusCode>,
-    pub scope_headers: Vec<HeaderName>,
-    pub fingerprint_headers: Vec<HeaderName>,
-    pub replay_drop_headers: Vec<HeaderName>,
-    pub max_request_body: u64,
-    pub max_response_body: u64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
     pub path: String,
@@ -131,12 +104,6 @@ pub struct AdminConfig {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct LogConfig {
-    pub format: LogFormat,
-    pub level: String,
 }
 
 /// Why a configuration was refused.
@@ -223,11 +190,6 @@ impl Config {
         render::to_yaml(self)
     }
 
-    /// The effective policy for a request path: the first route (file order) whose
-    /// prefix matches segment-wise, else the top-level `idempotency` policy.
-    ///
-    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
-    /// matches every path. A query string, if one is passed, is ignored.
     /// Whether any route (or the default policy) lets duplicates wait for the owner.
     pub fn uses_wait(&self) -> bool {
         std::iter::once(&self.idempotency)
@@ -235,14 +197,13 @@ impl Config {
             .any(|p| p.on_concurrent == OnConcurrent::Wait)
     }
 
-    pub fn policy_for(&self, path: &str) -> &Policy {
-        self.route_index(path)
-            .map_or(&self.idempotency, |i| &self.routes[i].policy)
-    }
-
-    /// Index of the first route (file order) whose prefix matches `path` segment-wise.
-    /// Overlapping routes are allowed; a route listed after one that covers it never
-    /// applies, exactly as "first match wins" says.
+    /// Index of the first route (file order) whose prefix matches `path` segment-wise;
+    /// `None` means the top-level `idempotency` policy applies.
+    ///
+    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
+    /// matches every path. A query string, if one is passed, is ignored. Overlapping
+    /// routes are allowed; a route listed after one that covers it never applies,
+    /// exactly as "first match wins" says.
     pub fn route_index(&self, path: &str) -> Option<usize> {
         let path = path.split_once('?').map_or(path, |(path, _query)| path);
         self.routes

@@ -4,17 +4,18 @@
 //! are parsed by the types in `values` while deserializing, so that
 //! `serde_path_to_error` attaches the full path (`routes[1].ttl`) to the error without
 //! any bookkeeping of ours. Defaults and checks that involve several keys live in
-//! `validate`.
+//! `validate`. The raw forms of `idempotency`, `routes[]`, `upstream` and `log` are
+//! generated next to their typed forms, in `policy` and `sections`.
 
 use std::net::SocketAddr;
 
 use http::Uri;
 use serde::{Deserialize, Deserializer};
 
-use super::values::{
-    Addr, Count, Dur, Flag, Header, LogLevel, Methods, Pick, Size, Status, UpstreamUrl,
-};
-use super::{ConfigError, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, StoreKind};
+use super::policy::{RawPolicy, RawRoute};
+use super::sections::{RawLog, RawUpstream};
+use super::values::{Addr, Count, Dur, Flag, Pick, UpstreamUrl};
+use super::{ConfigError, OnUnavailable, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 pub(super) fn deserialize(value: serde_yaml::Value) -> Result<RawConfig, ConfigError> {
@@ -77,17 +78,6 @@ impl RawConfig {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a mapping with url, connect_timeout, timeout"
-)]
-pub(super) struct RawUpstream {
-    pub(super) url: Option<UpstreamUrl>,
-    pub(super) connect_timeout: Option<Dur>,
-    pub(super) timeout: Option<Dur>,
-}
-
-#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of store keys")]
 pub(super) struct RawStore {
     pub(super) kind: Option<Pick<StoreKind>>,
@@ -98,63 +88,6 @@ pub(super) struct RawStore {
     pub(super) timeout: Option<Dur>,
     pub(super) on_unavailable: Option<Pick<OnUnavailable>>,
     pub(super) max_entries: Option<Count>,
-}
-
-/// Declares a struct with every `idempotency` key plus `$extra` leading keys, so the
-/// top-level section and a route cannot drift apart. (`#[serde(flatten)]` would share
-/// the fields too, but it disables `deny_unknown_fields` and loses error paths.)
-macro_rules! policy_struct {
-    ($(#[$meta:meta])* $name:ident { $($extra:ident: $extra_ty:ty,)* }) => {
-        $(#[$meta])*
-        #[derive(Debug, Default, Deserialize)]
-        #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(super) struct $name {
-            $(pub(super) $extra: $extra_ty,)*
-            pub(super) header: Option<Header>,
-            pub(super) methods: Option<Methods>,
-            pub(super) required: Option<Flag>,
-            pub(super) ttl: Option<Dur>,
-            pub(super) lease: Option<Dur>,
-            pub(super) on_concurrent: Option<Pick<OnConcurrent>>,
-            pub(super) wait_timeout: Option<Dur>,
-            pub(super) on_unknown_outcome: Option<Pick<OnUnknownOutcome>>,
-            pub(super) release_statuses: Option<Vec<Status>>,
-            pub(super) scope_headers: Option<Vec<Header>>,
-            pub(super) fingerprint_headers: Option<Vec<Header>>,
-            pub(super) replay_drop_headers: Option<Vec<Header>>,
-            pub(super) max_request_body: Option<Size>,
-            pub(super) max_response_body: Option<Size>,
-        }
-    };
-}
-
-policy_struct!(RawPolicy {});
-policy_struct!(RawRoute {
-    path: Option<String>,
-    enabled: Option<Flag>,
-});
-
-impl RawRoute {
-    /// Separates the route's own keys from its `idempotency` overrides.
-    pub(super) fn split(self) -> (Option<String>, Option<Flag>, RawPolicy) {
-        let overrides = RawPolicy {
-            header: self.header,
-            methods: self.methods,
-            required: self.required,
-            ttl: self.ttl,
-            lease: self.lease,
-            on_concurrent: self.on_concurrent,
-            wait_timeout: self.wait_timeout,
-            on_unknown_outcome: self.on_unknown_outcome,
-            release_statuses: self.release_statuses,
-            scope_headers: self.scope_headers,
-            fingerprint_headers: self.fingerprint_headers,
-            replay_drop_headers: self.replay_drop_headers,
-            max_request_body: self.max_request_body,
-            max_response_body: self.max_response_body,
-        };
-        (self.path, self.enabled, overrides)
-    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -169,11 +102,4 @@ pub(super) struct RawAdmin {
 /// Marks a key as present even when its value is `null`.
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Addr>>, D::Error> {
     Option::<Addr>::deserialize(d).map(Some)
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with format, level")]
-pub(super) struct RawLog {
-    pub(super) format: Option<Pick<LogFormat>>,
-    pub(super) level: Option<LogLevel>,
 }

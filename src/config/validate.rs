@@ -3,13 +3,12 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode};
-
-use super::raw::{RawConfig, RawPolicy, RawStore};
-use super::values::{UpstreamUrl, parse_upstream_url};
+use super::policy::RawRoute;
+use super::raw::{RawConfig, RawStore};
+use super::values::Raw;
 use super::{
-    AdminConfig, Config, ConfigError, LogConfig, LogFormat, OnConcurrent, OnUnavailable,
-    OnUnknownOutcome, Policy, Route, StoreConfig, StoreKind, UpstreamConfig, redact_url,
+    AdminConfig, Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig, StoreKind,
+    redact_url,
 };
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -18,58 +17,12 @@ const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 
-impl Default for Policy {
-    /// The SPEC §6 defaults of the `idempotency` section.
-    fn default() -> Self {
-        Policy {
-            enabled: true,
-            header: HeaderName::from_static("idempotency-key"),
-            methods: vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
-            required: false,
-            ttl: Duration::from_secs(24 * 60 * 60),
-            lease: Duration::from_secs(10),
-            on_concurrent: OnConcurrent::Reject,
-            wait_timeout: Duration::from_secs(10),
-            on_unknown_outcome: OnUnknownOutcome::Record,
-            release_statuses: vec![
-                StatusCode::TOO_MANY_REQUESTS,
-                StatusCode::SERVICE_UNAVAILABLE,
-            ],
-            scope_headers: vec![http::header::AUTHORIZATION],
-            fingerprint_headers: vec![http::header::CONTENT_TYPE],
-            replay_drop_headers: vec![http::header::SET_COOKIE, http::header::DATE],
-            max_request_body: 1 << 20,
-            max_response_body: 4 << 20,
-        }
-    }
-}
-
-/// The upstream when the file names none.
-pub(super) const DEFAULT_UPSTREAM: &str = "http://127.0.0.1:9000";
-
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
-    let upstream = raw.upstream.unwrap_or_default();
-    // SPEC §6 lists http://127.0.0.1:9000 among the defaults: a sidecar's service
-    // usually listens next to it.
-    let url = match upstream.url {
-        Some(url) => url,
-        None => UpstreamUrl(
-            parse_upstream_url(DEFAULT_UPSTREAM)
-                .map_err(|m| ConfigError::invalid("upstream.url", m))?,
-        ),
-    };
-    let idempotency = apply(Policy::default(), raw.idempotency.unwrap_or_default());
+    let idempotency = raw.idempotency.unwrap_or_default().typed();
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
-    let log = raw.log.unwrap_or_default();
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
-        upstream: UpstreamConfig {
-            url: url.0,
-            connect_timeout: upstream
-                .connect_timeout
-                .map_or(Duration::from_secs(2), |d| d.0),
-            timeout: upstream.timeout.map_or(Duration::from_secs(30), |d| d.0),
-        },
+        upstream: raw.upstream.unwrap_or_default().typed(),
         store: build_store(raw.store.unwrap_or_default())?,
         idempotency,
         routes,
@@ -79,10 +32,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
                 Some(listen) => listen.map(|addr| addr.0),
             },
         },
-        log: LogConfig {
-            format: log.format.map_or(LogFormat::Text, |f| f.0),
-            level: log.level.map_or_else(|| "info".to_owned(), |l| l.0),
-        },
+        log: raw.log.unwrap_or_default().typed(),
         shutdown_timeout: raw
             .shutdown_timeout
             .map_or(Duration::from_secs(30), |d| d.0),
@@ -188,61 +138,10 @@ fn split_host_port(address: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// The top-level policy with the keys present in `raw` replaced.
-fn apply(mut policy: Policy, raw: RawPolicy) -> Policy {
-    let headers = |list: Vec<super::values::Header>| list.into_iter().map(|h| h.0).collect();
-    if let Some(v) = raw.header {
-        policy.header = v.0;
-    }
-    if let Some(v) = raw.methods {
-        policy.methods = v.0;
-    }
-    if let Some(v) = raw.required {
-        policy.required = v.0;
-    }
-    if let Some(v) = raw.ttl {
-        policy.ttl = v.0;
-    }
-    if let Some(v) = raw.lease {
-        policy.lease = v.0;
-    }
-    if let Some(v) = raw.on_concurrent {
-        policy.on_concurrent = v.0;
-    }
-    if let Some(v) = raw.wait_timeout {
-        policy.wait_timeout = v.0;
-    }
-    if let Some(v) = raw.on_unknown_outcome {
-        policy.on_unknown_outcome = v.0;
-    }
-    if let Some(v) = raw.release_statuses {
-        policy.release_statuses = v.into_iter().map(|s| s.0).collect();
-    }
-    if let Some(v) = raw.scope_headers {
-        policy.scope_headers = headers(v);
-    }
-    if let Some(v) = raw.fingerprint_headers {
-        policy.fingerprint_headers = headers(v);
-    }
-    if let Some(v) = raw.replay_drop_headers {
-        policy.replay_drop_headers = headers(v);
-    }
-    if let Some(v) = raw.max_request_body {
-        policy.max_request_body = v.0;
-    }
-    if let Some(v) = raw.max_response_body {
-        policy.max_response_body = v.0;
-    }
-    policy
-}
-
-fn build_routes(
-    raw: Vec<super::raw::RawRoute>,
-    idempotency: &Policy,
-) -> Result<Vec<Route>, ConfigError> {
+fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, ConfigError> {
     let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
     for (index, route) in raw.into_iter().enumerate() {
-        let (path, enabled, overrides) = route.split();
+        let (path, policy) = route.merge(idempotency);
         let field = format!("routes[{index}].path");
         let Some(path) = path else {
             return Err(ConfigError::invalid(
@@ -251,8 +150,6 @@ fn build_routes(
             ));
         };
         let path = normalise_route_path(&path).map_err(|msg| ConfigError::invalid(&field, msg))?;
-        let mut policy = apply(idempotency.clone(), overrides);
-        policy.enabled = enabled.is_none_or(|e| e.0);
         routes.push(Route { path, policy });
     }
     Ok(routes)

@@ -15,6 +15,53 @@ use serde::de::{self, Deserializer, Visitor};
 use super::units;
 use super::{LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, StoreKind};
 
+/// A value as deserialized (checked, and still wrapped so that serde recorded its
+/// path) and the typed value it stands for in [`Config`](super::Config).
+///
+/// The key declarations name the raw type of each key; this turns it into the typed
+/// one, so a declaration whose two types disagree does not compile.
+pub(super) trait Raw {
+    type Typed;
+    fn typed(self) -> Self::Typed;
+}
+
+/// `Raw` for the newtypes of this module, which only wrap their typed value.
+macro_rules! raw_newtypes {
+    ($($raw:ty => $typed:ty,)*) => {$(
+        impl Raw for $raw {
+            type Typed = $typed;
+            fn typed(self) -> $typed {
+                self.0
+            }
+        }
+    )*};
+}
+
+raw_newtypes! {
+    Dur => Duration,
+    Size => u64,
+    Flag => bool,
+    Header => HeaderName,
+    Methods => Vec<Method>,
+    Status => StatusCode,
+    UpstreamUrl => Uri,
+    LogLevel => String,
+}
+
+impl<T: Choice> Raw for Pick<T> {
+    type Typed = T;
+    fn typed(self) -> T {
+        self.0
+    }
+}
+
+impl<R: Raw> Raw for Vec<R> {
+    type Typed = Vec<R::Typed>;
+    fn typed(self) -> Self::Typed {
+        self.into_iter().map(Raw::typed).collect()
+    }
+}
+
 /// Any YAML scalar, kept with its type so that a message can say what was found.
 /// Interpolated values are always strings, so numeric and boolean keys also accept
 /// their text (`max_entries: ${MAX_ENTRIES}`).

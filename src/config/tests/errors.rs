@@ -10,7 +10,7 @@ fn overlapping_routes_are_allowed_and_the_first_match_wins() {
     let config = Config::from_yaml_str(&yaml, &|_| None).expect("overlap is valid");
     assert_eq!(config.route_index("/charges/refunds/1"), Some(0));
     assert_eq!(
-        config.policy_for("/charges/refunds").ttl,
+        policy_for(&config, "/charges/refunds").ttl,
         std::time::Duration::from_secs(3600)
     );
 }

@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use http::{HeaderName, Method, StatusCode, Uri};
+
 use super::*;
 
 mod errors;
@@ -45,6 +47,13 @@ fn secs(n: u64) -> Duration {
 
 fn header(name: &'static str) -> HeaderName {
     HeaderName::from_static(name)
+}
+
+/// The policy that applies to `path`: its route's, else `idempotency`.
+fn policy_for<'a>(config: &'a Config, path: &str) -> &'a Policy {
+    config
+        .route_index(path)
+        .map_or(&config.idempotency, |i| &config.routes[i].policy)
 }
 
 fn env_map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -231,7 +240,7 @@ fn routes_override_only_the_keys_they_name() {
          \x20 - path: /webhooks\n    enabled: false\n",
     ));
     let top = &config.idempotency;
-    let charges = config.policy_for("/charges");
+    let charges = policy_for(&config, "/charges");
     assert_eq!(charges.methods, [Method::POST]);
     assert!(charges.required);
     assert_eq!(
@@ -247,7 +256,7 @@ fn routes_override_only_the_keys_they_name() {
             ..top.clone()
         }
     );
-    let webhooks = config.policy_for("/webhooks/stripe");
+    let webhooks = policy_for(&config, "/webhooks/stripe");
     assert!(!webhooks.enabled);
     assert_eq!(
         *webhooks,
@@ -256,7 +265,7 @@ fn routes_override_only_the_keys_they_name() {
             ..top.clone()
         }
     );
-    assert!(config.policy_for("/other").enabled);
+    assert!(policy_for(&config, "/other").enabled);
 }
 
 #[test]
@@ -264,7 +273,7 @@ fn routes_match_whole_segments_in_file_order() {
     let config = parse_ok(&with_minimal(
         "routes:\n  - path: /charges/refunds\n    ttl: 1h\n  - path: /charges\n    ttl: 2h\n",
     ));
-    let ttl = |path| config.policy_for(path).ttl;
+    let ttl = |path| policy_for(&config, path).ttl;
     assert_eq!(ttl("/charges"), secs(7_200));
     assert_eq!(ttl("/charges/42"), secs(7_200));
     assert_eq!(ttl("/charges/refunds"), secs(3_600));
@@ -277,7 +286,7 @@ fn routes_match_whole_segments_in_file_order() {
 
     let root = parse_ok(&with_minimal("routes:\n  - path: /\n    ttl: 1h\n"));
     for path in ["/", "/a", "/a/b", ""] {
-        assert_eq!(root.policy_for(path).ttl, secs(3_600), "{path}");
+        assert_eq!(policy_for(&root, path).ttl, secs(3_600), "{path}");
     }
     let trailing = parse_ok(&with_minimal("routes:\n  - path: /charges//\n"));
     assert_eq!(trailing.routes[0].path, "/charges");

@@ -1,0 +1,203 @@
+//! The keys of an `idempotency` policy, each declared once.
+//!
+//! A policy key is read in the top-level `idempotency` section and in every route,
+//! where it overrides the top-level value; `--check` prints it in both places. One
+//! entry per key below generates all of that:
+//!
+//! ```text
+//! /// doc comment
+//! key: TypedType = default, from RawType, show render_fn;
+//! ```
+//!
+//! - the field of [`Policy`] (with the doc comment) and its `Default`;
+//! - the field of [`RawPolicy`] and [`RawRoute`], both `deny_unknown_fields`: `RawType`
+//!   parses the value inside its own `Deserialize`, so an error names its path
+//!   (`routes[1].ttl`), and [`Raw::typed`] turns it into `TypedType`;
+//! - the building of `idempotency` (the defaults with the keys it writes replaced) and
+//!   of a route (`idempotency` with the keys it writes replaced, [`RawRoute::merge`]);
+//! - the printing ([`Policy::to_mapping`]), where `render_fn` takes `&TypedType`.
+//!
+//! Keys under `route_only` belong to routes alone (`idempotency` refuses them, so
+//! there they keep their default). The order of the keys is the order of SPEC §6, of
+//! the error messages that list the keys, and of `--check`.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, header};
+use serde::Deserialize;
+use serde_yaml::Mapping;
+
+use super::render::{choice, duration, flag, header_name, headers, methods, size, statuses};
+use super::values::{Dur, Flag, Header, Methods, Pick, Raw, Size, Status};
+use super::{OnConcurrent, OnUnknownOutcome};
+
+/// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
+/// printing of their keys from one declaration per key.
+///
+/// (`#[serde(flatten)]` could share the fields of the two raw structs, but it disables
+/// `deny_unknown_fields` and loses error paths.)
+macro_rules! policy_keys {
+    (
+        route_only {$(
+            $(#[$route_doc:meta])*
+            $route_key:ident: $route_ty:ty = $route_default:expr,
+                from $route_raw:ty, show $route_show:path;
+        )*}
+        inherited {$(
+            $(#[$doc:meta])*
+            $key:ident: $ty:ty = $default:expr, from $raw:ty, show $show:path;
+        )*}
+    ) => {
+        /// An `idempotency` policy: the top-level section, or a route's merged copy of it.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Policy {
+            $($(#[$route_doc])* pub $route_key: $route_ty,)*
+            $($(#[$doc])* pub $key: $ty,)*
+        }
+
+        impl Default for Policy {
+            /// The SPEC §6 defaults of the `idempotency` section.
+            fn default() -> Self {
+                Policy {
+                    $($route_key: $route_default,)*
+                    $($key: $default,)*
+                }
+            }
+        }
+
+        /// The top-level `idempotency` section as written.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
+        pub(super) struct RawPolicy {
+            $($key: Option<$raw>,)*
+        }
+
+        /// A `routes[]` entry as written: its path prefix and its policy keys.
+        #[derive(Debug, Default, Deserialize)]
+        #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
+        pub(super) struct RawRoute {
+            path: Option<String>,
+            $($route_key: Option<$route_raw>,)*
+            $($key: Option<$raw>,)*
+        }
+
+        impl Raw for RawPolicy {
+            type Typed = Policy;
+
+            /// The defaults, with the keys written here replaced.
+            fn typed(self) -> Policy {
+                let mut policy = Policy::default();
+                $(if let Some(value) = self.$key {
+                    policy.$key = value.typed();
+                })*
+                policy
+            }
+        }
+
+        impl RawRoute {
+            /// The route's path prefix (`None` if missing) and its effective policy:
+            /// `base` with the keys written here replaced.
+            pub(super) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
+                let mut policy = base.clone();
+                $(if let Some(value) = self.$route_key {
+                    policy.$route_key = value.typed();
+                })*
+                $(if let Some(value) = self.$key {
+                    policy.$key = value.typed();
+                })*
+                (self.path, policy)
+            }
+        }
+
+        impl Policy {
+            /// The policy's keys as YAML; for a route (`base` given) only those that
+            /// differ from `base`, since the route inherits the rest.
+            pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
+                let mut map = Mapping::new();
+                if let Some(base) = base {
+                    $(if self.$route_key != base.$route_key {
+                        map.insert(stringify!($route_key).into(), $route_show(&self.$route_key));
+                    })*
+                }
+                $(if base.is_none_or(|base| self.$key != base.$key) {
+                    map.insert(stringify!($key).into(), $show(&self.$key));
+                })*
+                map
+            }
+        }
+    };
+}
+
+policy_keys! {
+    route_only {
+        /// `false` passes every request of the route through unguarded, as if it
+        /// listed no method.
+        enabled: bool = true, from Flag, show flag;
+    }
+    inherited {
+        /// The request header that carries the key; lower-cased by `HeaderName`,
+        /// printed as `Idempotency-Key`.
+        header: HeaderName = HeaderName::from_static("idempotency-key"),
+            from Header, show header_name;
+        /// The guarded methods: non-empty, upper-case; other methods pass through.
+        methods: Vec<Method> = vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
+            from Methods, show methods;
+        /// Whether a guarded request without a key is refused (`400 missing-key`)
+        /// rather than passed through.
+        required: bool = false, from Flag, show flag;
+        /// How long a completed record is replayed.
+        ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur, show duration;
+        /// How long an in-flight marker outlives its last renewal: the longest a
+        /// crashed proxy blocks retries of its key.
+        lease: Duration = Duration::from_secs(10), from Dur, show duration;
+        /// What a duplicate of a request still in flight gets.
+        on_concurrent: OnConcurrent = OnConcurrent::Reject,
+            from Pick<OnConcurrent>, show choice;
+        /// How long `on_concurrent: wait` waits before answering `409`.
+        wait_timeout: Duration = Duration::from_secs(10), from Dur, show duration;
+        /// What becomes of a claim whose request may or may not have reached the
+        /// upstream (timeout or reset after sending, or an expired lease).
+        on_unknown_outcome: OnUnknownOutcome = OnUnknownOutcome::Record,
+            from Pick<OnUnknownOutcome>, show choice;
+        /// Upstream statuses that mean "refused before doing work": the claim is
+        /// released instead of recorded, so a retry executes.
+        release_statuses: Vec<StatusCode> =
+            vec![StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE],
+            from Vec<Status>, show statuses;
+        /// Request headers whose values scope the key, so that two clients never see
+        /// each other's responses.
+        scope_headers: Vec<HeaderName> = vec![header::AUTHORIZATION],
+            from Vec<Header>, show headers;
+        /// Request headers that enter the fingerprint besides method, path and body.
+        fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
+            from Vec<Header>, show headers;
+        /// Upstream response headers that are not stored, hence never replayed.
+        replay_drop_headers: Vec<HeaderName> = vec![header::SET_COOKIE, header::DATE],
+            from Vec<Header>, show headers;
+        /// Larger guarded request bodies are refused (`413`) before anything is stored.
+        max_request_body: u64 = 1 << 20, from Size, show size;
+        /// Larger response bodies are not stored; a retry gets `409 not-replayable`.
+        max_response_body: u64 = 4 << 20, from Size, show size;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A route that writes no key is exactly `idempotency` and prints only its path;
+    /// `idempotency` prints every inherited key and no route-only one.
+    #[test]
+    fn a_route_without_keys_inherits_everything() {
+        let base = Policy {
+            ttl: Duration::from_secs(60),
+            ..Policy::default()
+        };
+        let (path, policy) = RawRoute::default().merge(&base);
+        assert_eq!(path, None);
+        assert_eq!(policy, base);
+        assert!(policy.to_mapping(Some(&base)).is_empty());
+        let top = base.to_mapping(None);
+        assert!(top.contains_key("ttl") && !top.contains_key("enabled"));
+    }
+}
