@@ -58,7 +58,7 @@ struct Slot {
     seq: Option<u64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     map: HashMap<ScopedKey, Slot>,
     /// Completed records by completion order: the eviction queue. Entries of records
@@ -70,6 +70,27 @@ struct Inner {
     watchers: HashMap<ScopedKey, Waiters>,
     /// Approximate bytes held by the records (bodies, headers, markers).
     bytes: u64,
+    /// No in-flight marker here expires before this: a lower bound, exact after a scan.
+    /// A shard full of live markers then refuses a claim without scanning.
+    markers_expire_from: u64,
+    /// Scans for expired entries, for the tests.
+    #[cfg(test)]
+    scans: usize,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            next_seq: 0,
+            watchers: HashMap::new(),
+            bytes: 0,
+            markers_expire_from: u64::MAX,
+            #[cfg(test)]
+            scans: 0,
+        }
+    }
 }
 
 /// What a slot costs, roughly: its payload, not the map's own overhead.
@@ -108,6 +129,9 @@ impl Inner {
     }
 
     fn insert(&mut self, key: ScopedKey, slot: Slot) {
+        if matches!(slot.record, Record::InFlight(_)) {
+            self.markers_expire_from = self.markers_expire_from.min(slot.expires_ms);
+        }
         self.bytes += size(&slot);
         if let Some(old) = self.map.insert(key, slot) {
             self.bytes -= size(&old);
@@ -147,6 +171,11 @@ impl Inner {
                 }
                 continue;
             }
+            // Every completed record is queued: only markers are left. Until the
+            // earliest of them expires, a scan would find nothing to drop.
+            if now < self.markers_expire_from {
+                return Err(StoreError::Full);
+            }
             let before = self.map.len();
             self.drop_expired(now);
             if self.map.len() == before {
@@ -156,12 +185,21 @@ impl Inner {
         Ok(evicted)
     }
 
-    /// Drops every entry whose ttl has passed, waking its waiters.
+    /// Drops every entry whose ttl has passed, waking its waiters, and learns when the
+    /// earliest remaining marker expires.
     fn drop_expired(&mut self, now: u64) {
+        #[cfg(test)]
+        {
+            self.scans += 1;
+        }
         let watchers = &self.watchers;
         let mut freed = 0;
+        let mut earliest = u64::MAX;
         self.map.retain(|key, slot| {
             if slot.expires_ms > now {
+                if matches!(slot.record, Record::InFlight(_)) {
+                    earliest = earliest.min(slot.expires_ms);
+                }
                 return true;
             }
             freed += size(slot);
@@ -171,6 +209,7 @@ impl Inner {
             false
         });
         self.bytes -= freed;
+        self.markers_expire_from = earliest;
     }
 }
 

@@ -1,5 +1,6 @@
 //! Memory-store internals the contract suite cannot see: the watchers map stays bounded,
-//! expiry and eviction wake waiters. All on tokio's paused clock.
+//! expiry and eviction wake waiters, and a shard full of live markers refuses a claim
+//! without scanning. All on tokio's paused clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use http::StatusCode;
 
 use super::{MemoryStore, MemoryWatch, lock};
 use crate::idempotency::{Completed, Fingerprint, OwnerToken, ScopedKey, StoredBody};
-use crate::store::{Claim, ClaimRequest, Fenced, Lease, Store, Watch};
+use crate::store::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
 
 const LEASE: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(60);
@@ -61,6 +62,10 @@ fn watchers_len(s: &MemoryStore) -> usize {
         .iter()
         .map(|shard| lock(shard).watchers.len())
         .sum()
+}
+
+fn scans(s: &MemoryStore) -> usize {
+    s.shards.iter().map(|shard| lock(shard).scans).sum()
 }
 
 #[tokio::test(start_paused = true)]
@@ -121,4 +126,38 @@ async fn eviction_wakes_the_evicted_keys_waiters() {
     let _b = acquire(&s, 2).await;
     assert_eq!(s.evictions(), 1);
     assert!(woken(w).await, "the completed record was evicted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_full_of_live_markers_refuses_without_scanning() {
+    let s = MemoryStore::new(4);
+    let mut leases = Vec::new();
+    for k in 1..=4 {
+        leases.push(acquire(&s, k).await);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    for k in 10..110 {
+        assert!(matches!(s.claim(req(k)).await, Err(StoreError::Full)));
+    }
+    assert_eq!(scans(&s), 0, "no marker can have expired yet");
+
+    // Renewals push expiries out and never make the shard scan early.
+    for lease in &leases {
+        assert_eq!(s.renew(lease, TTL * 2).await.expect("renew"), Fenced::Done);
+    }
+    // The earliest marker goes away; its slot is taken by a later one.
+    assert_eq!(s.release(&leases[0]).await.expect("release"), Fenced::Done);
+    let late = acquire(&s, 5).await;
+    assert_eq!(s.renew(&late, TTL * 2).await.expect("renew"), Fenced::Done);
+    // Past the released marker's expiry, one scan learns that nothing expired.
+    tokio::time::advance(TTL + LEASE).await;
+    for k in 10..110 {
+        assert!(matches!(s.claim(req(k)).await, Err(StoreError::Full)));
+    }
+    assert_eq!(scans(&s), 1, "one scan, then the earliest expiry is known");
+
+    // Once a marker's ttl has passed, the scan makes room.
+    tokio::time::advance(TTL * 2).await;
+    let _ = acquire(&s, 10).await;
+    assert_eq!(scans(&s), 2);
 }
