@@ -445,14 +445,8 @@ impl Store for RedisStore {
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
         let channel = self.watch_channel(&key);
         let conn = self.conn().await?;
-        let watch = self.watchers.register(channel.clone(), conn.clone());
-        // Subscribing again to a channel this connection already has is a no-op for
-        // Redis, and waiting for the confirmation here means no publish is missed.
-        let result = match conn {
-            Conn::Single(mut c) => c.subscribe(&channel).await,
-            Conn::Cluster(mut c) => c.subscribe(&channel).await,
-        };
-        result.map_err(unavailable)?;
+        let watch = self.watchers.register(channel, conn);
+        watch.subscribe().await.map_err(unavailable)?;
         Ok(watch)
     }
 
