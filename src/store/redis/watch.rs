@@ -17,6 +17,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::{Mutex as AsyncMutex, Notify};
 
 use super::Conn;
+use super::version::ClaimMode;
 use crate::store::Watch;
 
 #[derive(Debug)]
@@ -111,17 +112,24 @@ fn idle_in(map: &HashMap<Vec<u8>, Entry>, channel: &str, turn: &Arc<AsyncMutex<(
 
 /// Receives the connection's RESP3 pushes. Must not block: it only takes a short lock.
 #[derive(Debug)]
-pub(super) struct PushDispatch(pub(super) Arc<Watchers>);
+pub(super) struct PushDispatch {
+    pub(super) watchers: Arc<Watchers>,
+    /// Forgotten on a disconnection: the next connection may reach another server.
+    pub(super) claim_mode: Arc<ClaimMode>,
+}
 
 impl AsyncPushSender for PushDispatch {
     fn send(&self, info: PushInfo) -> Result<(), redis::aio::SendError> {
         match info.kind {
             PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = info.data.first() {
-                    self.0.wake(channel);
+                    self.watchers.wake(channel);
                 }
             }
-            PushKind::Disconnection => self.0.wake_all(),
+            PushKind::Disconnection => {
+                self.claim_mode.forget();
+                self.watchers.wake_all();
+            }
             _ => {}
         }
         Ok(())
