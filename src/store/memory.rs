@@ -6,18 +6,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use std::pin::Pin;
-
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
-
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch, millis};
+use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
+pub use watch::MemoryWatch;
+use watch::Waiters;
+
+mod watch;
 
 /// The store's notion of "now", injectable so tests control time.
 pub trait Clock: Send + Sync + 'static {
@@ -59,7 +58,7 @@ struct Slot {
     seq: Option<u64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     map: HashMap<ScopedKey, Slot>,
     /// Completed records by completion order: the eviction queue. Entries of records
@@ -68,9 +67,30 @@ struct Inner {
     order: VecDeque<(u64, ScopedKey)>,
     next_seq: u64,
     /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
-    watchers: HashMap<ScopedKey, Arc<Notify>>,
+    watchers: HashMap<ScopedKey, Waiters>,
     /// Approximate bytes held by the records (bodies, headers, markers).
     bytes: u64,
+    /// No in-flight marker here expires before this: a lower bound, exact after a scan.
+    /// A shard full of live markers then refuses a claim without scanning.
+    markers_expire_from: u64,
+    /// Scans for expired entries, for the tests.
+    #[cfg(test)]
+    scans: usize,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            next_seq: 0,
+            watchers: HashMap::new(),
+            bytes: 0,
+            markers_expire_from: u64::MAX,
+            #[cfg(test)]
+            scans: 0,
+        }
+    }
 }
 
 /// What a slot costs, roughly: its payload, not the map's own overhead.
@@ -93,20 +113,25 @@ fn size(slot: &Slot) -> u64 {
 }
 
 impl Inner {
-    /// Wakes everyone watching `key`.
-    fn changed(&mut self, key: &ScopedKey) {
-        if let Some(notify) = self.watchers.remove(key) {
-            notify.notify_waiters();
+    /// Wakes everyone watching `key`; their entry goes with their last handle.
+    fn changed(&self, key: &ScopedKey) {
+        if let Some(waiters) = self.watchers.get(key) {
+            waiters.wake();
         }
     }
 
+    /// Removes what is under `key`, waking its waiters (an expiry, an eviction).
     fn remove(&mut self, key: &ScopedKey) {
         if let Some(slot) = self.map.remove(key) {
             self.bytes -= size(&slot);
+            self.changed(key);
         }
     }
 
     fn insert(&mut self, key: ScopedKey, slot: Slot) {
+        if matches!(slot.record, Record::InFlight(_)) {
+            self.markers_expire_from = self.markers_expire_from.min(slot.expires_ms);
+        }
         self.bytes += size(&slot);
         if let Some(old) = self.map.insert(key, slot) {
             self.bytes -= size(&old);
@@ -138,29 +163,53 @@ impl Inner {
         let mut evicted = 0;
         while self.map.len() >= max_entries {
             if let Some((seq, key)) = self.order.pop_front() {
-                if self.map.get(&key).is_some_and(|s| s.seq == Some(seq))
-                    && let Some(slot) = self.map.remove(&key)
+                if let Some(slot) = self.map.get(&key)
+                    && slot.seq == Some(seq)
                 {
-                    self.bytes -= size(&slot);
                     evicted += u64::from(slot.expires_ms > now);
+                    self.remove(&key);
                 }
                 continue;
             }
+            // Every completed record is queued: only markers are left. Until the
+            // earliest of them expires, a scan would find nothing to drop.
+            if now < self.markers_expire_from {
+                return Err(StoreError::Full);
+            }
             let before = self.map.len();
-            let mut freed = 0;
-            self.map.retain(|_, slot| {
-                let keep = slot.expires_ms > now;
-                if !keep {
-                    freed += size(slot);
-                }
-                keep
-            });
-            self.bytes -= freed;
+            self.drop_expired(now);
             if self.map.len() == before {
                 return Err(StoreError::Full);
             }
         }
         Ok(evicted)
+    }
+
+    /// Drops every entry whose ttl has passed, waking its waiters, and learns when the
+    /// earliest remaining marker expires.
+    fn drop_expired(&mut self, now: u64) {
+        #[cfg(test)]
+        {
+            self.scans += 1;
+        }
+        let watchers = &self.watchers;
+        let mut freed = 0;
+        let mut earliest = u64::MAX;
+        self.map.retain(|key, slot| {
+            if slot.expires_ms > now {
+                if matches!(slot.record, Record::InFlight(_)) {
+                    earliest = earliest.min(slot.expires_ms);
+                }
+                return true;
+            }
+            freed += size(slot);
+            if let Some(waiters) = watchers.get(key) {
+                waiters.wake();
+            }
+            false
+        });
+        self.bytes -= freed;
+        self.markers_expire_from = earliest;
     }
 }
 
@@ -168,8 +217,9 @@ impl Inner {
 #[derive(Debug)]
 pub struct MemoryStore<C: Clock = TokioClock> {
     /// Keys are spread over shards by their hash, so that requests for different keys
-    /// rarely wait on one lock, and a table rehash stalls one shard only.
-    shards: Box<[Mutex<Inner>]>,
+    /// rarely wait on one lock, and a table rehash stalls one shard only. Shared with the
+    /// watch handles, which leave their shard's watcher map when dropped.
+    shards: Arc<[Mutex<Inner>]>,
     /// The bound of each shard: together never more than `max_entries`.
     shard_entries: usize,
     clock: C,
@@ -231,8 +281,7 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The shard holding `key`, locked; its size changes reach the gauges on release.
     fn shard(&self, key: &ScopedKey) -> Shard<'_> {
-        let index = usize::from(key.as_bytes()[0]) % self.shards.len();
-        let inner = lock(&self.shards[index]);
+        let inner = lock(shard_of(&self.shards, key));
         Shard {
             len: inner.map.len(),
             bytes: inner.bytes,
@@ -253,6 +302,11 @@ impl<C: Clock> MemoryStore<C> {
 
 /// How many shards a large memory store has.
 const SHARDS: usize = 16;
+
+/// The shard `key` belongs to. Keys are hashes already: their first byte is uniform.
+fn shard_of<'a>(shards: &'a [Mutex<Inner>], key: &ScopedKey) -> &'a Mutex<Inner> {
+    &shards[usize::from(key.as_bytes()[0]) % shards.len()]
+}
 
 fn lock(shard: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     // A panic while holding the lock cannot leave a half-written entry: every mutation
@@ -298,16 +352,6 @@ impl Drop for Shard<'_> {
     }
 }
 
-/// A registered wake-up for one key of the memory store.
-#[derive(Debug)]
-pub struct MemoryWatch(Pin<Box<OwnedNotified>>);
-
-impl Watch for MemoryWatch {
-    async fn changed(self) {
-        self.0.await;
-    }
-}
-
 impl<C: Clock> Store for MemoryStore<C> {
     type Watch = MemoryWatch;
 
@@ -321,6 +365,7 @@ impl<C: Clock> Store for MemoryStore<C> {
                     now_ms: now,
                 });
             }
+            // Expired: its waiters are woken and find the new marker.
             Some(_) => inner.remove(&req.key),
             None => {}
         }
@@ -376,8 +421,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         if inner.owned(&lease.key, lease.token, now).is_none() {
             return Ok(Fenced::LeaseLost);
         }
+        // Wakes the waiters: the key is free for their retry.
         inner.remove(&lease.key);
-        inner.changed(&lease.key);
         Ok(Fenced::Done)
     }
 
@@ -409,7 +454,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         if matches!(&slot.record, Record::InFlight(m) if m.lease_deadline_ms > now) {
             return Ok(None);
         }
-        *slot = Self::marker(&req, now);
+        inner.insert(req.key, Self::marker(&req, now));
         inner.changed(&req.key);
         Ok(Some(Lease {
             key: req.key,
@@ -418,11 +463,7 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
-        let notify = Arc::clone(self.shard(&key).watchers.entry(key).or_default());
-        let mut notified = Box::pin(notify.notified_owned());
-        // Registered now, so a change before the first poll still wakes it.
-        notified.as_mut().enable();
-        Ok(MemoryWatch(notified))
+        Ok(watch::register(&self.shards, key))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -448,3 +489,6 @@ impl<C: Clock> Store for MemoryStore<C> {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -31,6 +31,42 @@ impl Monitor {
         }
     }
 
+    /// The next command a client sent (those scripts ran excluded), as its words, e.g.
+    /// `["UNSUBSCRIBE", "channel"]`. Waits for it, up to 10 s.
+    pub async fn next_command(&mut self) -> Vec<String> {
+        loop {
+            let line = self.next_line().await;
+            if line.contains(" lua]") {
+                continue;
+            }
+            // +<time> [<db> <addr>] "COMMAND" "arg" ...: the words are every other piece.
+            let mut words: Vec<String> = line
+                .split('"')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            if let Some(name) = words.first_mut() {
+                *name = name.to_ascii_uppercase();
+                return words;
+            }
+        }
+    }
+
+    /// The next line of the feed, waited for up to 10 s.
+    async fn next_line(&mut self) -> String {
+        let mut line = String::new();
+        let n = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            self.feed.read_line(&mut line),
+        )
+        .await
+        .expect("monitor feed")
+        .expect("read monitor feed");
+        assert!(n > 0, "monitor connection closed");
+        line
+    }
+
     /// The commands clients sent since the last call (those scripts ran excluded), e.g.
     /// `["SET", "EVALSHA"]`. Synchronised by a marker command sent afterwards: Redis
     /// feeds monitors in the order it runs commands.
@@ -48,15 +84,7 @@ impl Monitor {
         let _ = other.read(&mut reply).await.expect("ECHO reply");
         let mut commands = Vec::new();
         loop {
-            let mut line = String::new();
-            let n = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                self.feed.read_line(&mut line),
-            )
-            .await
-            .expect("monitor feed")
-            .expect("read monitor feed");
-            assert!(n > 0, "monitor connection closed");
+            let line = self.next_line().await;
             if line.contains(&mark) {
                 return commands;
             }

@@ -7,10 +7,10 @@
 //! RESP3 on the same multiplexed connection; the scripts publish on it when the key
 //! changes.
 
+mod version;
 mod watch;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,11 +18,12 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
-use tokio::sync::OnceCell;
+use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
 use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use version::{ClaimMode, ClaimWith};
 pub use watch::RedisWatch;
 use watch::Watchers;
 
@@ -113,8 +114,11 @@ pub struct RedisStore {
     prefix: String,
     scripts: Scripts,
     watchers: Arc<Watchers>,
-    /// Whether the server takes `SET ... NX GET` (Redis 7.0+); learnt on first refusal.
-    native_claim: AtomicBool,
+    /// Whether the servers take `SET ... NX GET` (Redis 7.0+), from their version;
+    /// forgotten on a disconnection.
+    claim_mode: Arc<ClaimMode>,
+    /// Held while the servers are asked their version, so that one claim asks.
+    asking: AsyncMutex<()>,
     /// Whether key changes are published for waiters.
     notify: bool,
 }
@@ -132,13 +136,6 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Redis before 7.0 answers SET with both NX and GET with a syntax error.
-fn is_syntax_error(err: &redis::RedisError) -> bool {
-    err.to_string()
-        .to_ascii_lowercase()
-        .contains("syntax error")
-}
-
 /// Milliseconds for `PX` and the scripts: at least 1, as Redis refuses an expiry of 0.
 fn millis(d: Duration) -> u64 {
     super::millis(d).max(1)
@@ -149,7 +146,11 @@ impl RedisStore {
     /// and a Redis that is down at start-up does not stop idemgate from starting.
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
         let watchers = Arc::new(Watchers::default());
-        let sender = watch::PushDispatch(Arc::clone(&watchers));
+        let claim_mode = Arc::new(ClaimMode::default());
+        let sender = watch::PushDispatch {
+            watchers: Arc::clone(&watchers),
+            claim_mode: Arc::clone(&claim_mode),
+        };
         // Redis answers slower than this only when it is in trouble; the per-call deadline
         // (store.timeout) is enforced by the caller, this only frees stuck slots.
         let response_timeout = (config.timeout * 4).max(Duration::from_secs(2));
@@ -196,7 +197,8 @@ impl RedisStore {
             prefix: config.key_prefix.clone(),
             scripts: Scripts::new(),
             watchers,
-            native_claim: AtomicBool::new(true),
+            claim_mode,
+            asking: AsyncMutex::new(()),
             notify: true,
         })
     }
@@ -316,38 +318,27 @@ impl Store for RedisStore {
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let mut conn = self.conn().await?;
+        // Asked first: on first use it is a round trip, which the lease must not lose.
+        let with = self.claim_with(&mut conn).await?;
         let now = now_ms();
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
         let ttl = millis(req.marker_ttl());
         // One native command: write the marker if the key is free, else return what is
         // there. Redis before 7.0 refuses NX with GET; a script does the same there.
-        let native = self.native_claim.load(Ordering::Relaxed);
-        let reply = if native {
-            redis::cmd("SET")
-                .arg(&key)
-                .arg(&marker[..])
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl)
-                .arg("GET")
-                .query_async::<Value>(&mut conn)
-                .await
-        } else {
-            Err(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "SET NX GET not supported",
-            )))
-        };
-        let reply = match reply {
-            Ok(value) => value,
-            Err(err) if native && !is_syntax_error(&err) => return Err(unavailable(err)),
-            Err(_) => {
-                if self.native_claim.swap(false, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "Redis refuses SET with NX and GET (before 7.0): claiming with a script"
-                    );
-                }
+        let reply = match with {
+            ClaimWith::Native => {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&marker[..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl)
+                    .arg("GET")
+                    .query_async::<Value>(&mut conn)
+                    .await
+            }
+            ClaimWith::Script => {
                 self.scripts
                     .claim
                     .key(&key)
@@ -355,9 +346,9 @@ impl Store for RedisStore {
                     .arg(ttl)
                     .invoke_async(&mut conn)
                     .await
-                    .map_err(unavailable)?
             }
-        };
+        }
+        .map_err(unavailable)?;
         match reply {
             Value::Nil => Ok(Claim::Acquired(Lease {
                 key: req.key,
@@ -445,14 +436,8 @@ impl Store for RedisStore {
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
         let channel = self.watch_channel(&key);
         let conn = self.conn().await?;
-        let watch = self.watchers.register(channel.clone(), conn.clone());
-        // Subscribing again to a channel this connection already has is a no-op for
-        // Redis, and waiting for the confirmation here means no publish is missed.
-        let result = match conn {
-            Conn::Single(mut c) => c.subscribe(&channel).await,
-            Conn::Cluster(mut c) => c.subscribe(&channel).await,
-        };
-        result.map_err(unavailable)?;
+        let watch = self.watchers.register(channel, conn);
+        watch.subscribe().await.map_err(unavailable)?;
         Ok(watch)
     }
 
