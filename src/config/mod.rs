@@ -4,15 +4,15 @@
 //! field it is about:
 //!
 //! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
-//! 2. [`interp`] replaces `${VAR}` in every string scalar (not in comments, which the
+//! 2. `interp` replaces `${VAR}` in every string scalar (not in comments, which the
 //!    YAML parser has already dropped);
-//! 3. [`raw`] deserializes the value into structs that deny unknown keys, using
-//!    [`values`] to parse units, enums and addresses, with `serde_path_to_error`
-//!    recording where each one was ([`policy`] declares the keys that `idempotency`
-//!    and `routes[]` share, [`sections`] those of `upstream` and `log`, once each);
-//! 4. [`validate`] applies defaults and the checks that span several keys.
+//! 3. `raw` deserializes the value into structs that deny unknown keys, using
+//!    `values` to parse units, enums and addresses, with `serde_path_to_error`
+//!    recording where each one was (`policy` declares the keys that `idempotency`
+//!    and `routes[]` share, `sections` those of `upstream` and `log`, once each);
+//! 4. `validate` applies defaults and the checks that span several keys.
 //!
-//! [`render`] goes the other way for `--check`.
+//! `render` goes the other way for `--check`.
 
 mod interp;
 mod policy;

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey};
 
-pub mod memory;
-pub mod redis;
+mod memory;
+mod redis;
 mod timed;
 
-pub use memory::MemoryStore;
-pub use redis::RedisStore;
+pub use memory::{Clock, MemoryStore, MemoryWatch, TokioClock};
+pub use redis::{RedisStore, RedisWatch};
 pub use timed::Timed;
 
 /// What a claim attempt is for.

@@ -1,9 +1,10 @@
 //! The Redis store: shared state for any number of replicas (SPEC §5).
 //!
 //! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
-//! cluster slot. The hot path is one script call per replay and two per first execution
-//! (claim, complete); the owner-checked scripts run by SHA and are reloaded by redis-rs
-//! after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe to a per-key channel over
+//! cluster slot. The hot path is one command per replay (the native `SET NX PX GET`
+//! claim, which returns the record) and two per first execution (claim, then the
+//! `complete` script); on Redis before 7 the claim is a script too (`version.rs`). The
+//! owner-checked scripts run by SHA and are reloaded by redis-rs after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe to a per-key channel over
 //! RESP3 on the same multiplexed connection; the scripts publish on it when the key
 //! changes.
 
@@ -301,7 +302,7 @@ fn config_value(reply: &Value) -> Option<String> {
 
 /// Every record has a TTL, so any eviction policy but `noeviction` may drop a record or
 /// an in-flight marker before its time, and a retry would execute again.
-pub fn eviction_risk(policy: &str) -> Option<String> {
+pub(crate) fn eviction_risk(policy: &str) -> Option<String> {
     match policy {
         "noeviction" => None,
         p if p.starts_with("allkeys-") => Some(format!(
