@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use policy::Policy;
-pub use sections::{LogConfig, UpstreamConfig};
+pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -46,6 +46,32 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
+    /// How route prefixes compare with request paths (SPEC §15).
+    pub route_match: RouteMatch,
+    /// A connection that sends no complete request head this long is closed, before its
+    /// protocol is known too; on the admin listener as well.
+    pub listen_header_timeout: Duration,
+    /// Open client connections at most; past it new ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Request and response bodies held in memory at once, across all requests.
+    pub max_buffered_bytes: u64,
+    /// The shape of the answers idemgate makes itself (SPEC §16).
+    pub errors: ErrorsConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteMatch {
+    Exact,
+    /// ASCII case is ignored, for upstreams that route that way.
+    CaseInsensitive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorFormat {
+    /// RFC 9457 problem+json.
+    Problem,
+    /// `errors.template`, filled in.
+    Template,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +234,7 @@ impl Config {
         let path = path.split_once('?').map_or(path, |(path, _query)| path);
         self.routes
             .iter()
-            .position(|route| prefix_matches(&route.path, path))
+            .position(|route| prefix_matches(&route.path, path, self.route_match))
     }
 }
 
@@ -221,14 +247,19 @@ impl StoreConfig {
 
 /// Whether route prefix `prefix` (normalised) covers request path `path`, comparing
 /// whole segments.
-fn prefix_matches(prefix: &str, path: &str) -> bool {
+fn prefix_matches(prefix: &str, path: &str, mode: RouteMatch) -> bool {
     if prefix == "/" {
         return true;
     }
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
+    let Some(head) = path.get(..prefix.len()) else {
+        return false;
+    };
+    let same = match mode {
+        RouteMatch::Exact => head == prefix,
+        RouteMatch::CaseInsensitive => head.eq_ignore_ascii_case(prefix),
+    };
+    let rest = &path[prefix.len()..];
+    same && (rest.is_empty() || rest.starts_with('/'))
 }
 
 /// Replaces the password (or a lone user-info part, which some clients read as a

@@ -23,12 +23,14 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
 use serde_yaml::Mapping;
 
-use super::render::{choice, duration, flag, header_name, headers, methods, size, statuses};
-use super::values::{Dur, Flag, Header, Methods, Pick, Raw, Size, Status};
+use super::render::{
+    choice, duration, flag, header_name, header_pairs, headers, methods, size, statuses, strings,
+};
+use super::values::{CookieName, Dur, Flag, Header, HeaderPairs, Methods, Pick, Raw, Size, Status};
 use super::{OnConcurrent, OnUnknownOutcome};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
@@ -168,12 +170,21 @@ policy_keys! {
         /// each other's responses.
         scope_headers: Vec<HeaderName> = vec![header::AUTHORIZATION],
             from Vec<Header>, show headers;
+        /// Cookies whose values scope the key too, for APIs that authenticate by cookie.
+        scope_cookies: Vec<String> = Vec::new(), from Vec<CookieName>, show strings;
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
             from Vec<Header>, show headers;
         /// Upstream response headers that are not stored, hence never replayed.
         replay_drop_headers: Vec<HeaderName> = vec![header::SET_COOKIE, header::DATE],
             from Vec<Header>, show headers;
+        /// Headers added to a replay of a recorded status of 500 or more, which cannot
+        /// change: SDKs that read them stop retrying it.
+        replay_error_headers: Vec<(HeaderName, HeaderValue)> = vec![(
+            HeaderName::from_static("x-should-retry"),
+            HeaderValue::from_static("false"),
+        )],
+            from HeaderPairs, show header_pairs;
         /// Larger guarded request bodies are refused (`413`) before anything is stored.
         max_request_body: u64 = 1 << 20, from Size, show size;
         /// Larger response bodies are not stored; a retry gets `409 not-replayable`.

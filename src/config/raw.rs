@@ -13,9 +13,9 @@ use http::Uri;
 use serde::{Deserialize, Deserializer};
 
 use super::policy::{RawPolicy, RawRoute};
-use super::sections::{RawLog, RawUpstream};
-use super::values::{Addr, Count, Dur, Flag, Pick, UpstreamUrl};
-use super::{ConfigError, OnUnavailable, StoreKind};
+use super::sections::{RawErrors, RawLog, RawUpstream};
+use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl};
+use super::{ConfigError, OnUnavailable, RouteMatch, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 pub(super) fn deserialize(value: serde_yaml::Value) -> Result<RawConfig, ConfigError> {
@@ -61,6 +61,11 @@ pub(super) struct RawConfig {
     pub(super) admin: Option<RawAdmin>,
     pub(super) log: Option<RawLog>,
     pub(super) shutdown_timeout: Option<Dur>,
+    pub(super) route_match: Option<Pick<RouteMatch>>,
+    pub(super) listen_header_timeout: Option<Dur>,
+    pub(super) max_connections: Option<Count>,
+    pub(super) max_buffered_bytes: Option<Size>,
+    pub(super) errors: Option<RawErrors>,
 }
 
 impl RawConfig {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde_yaml::{Mapping, Value};
 
 use super::Config;
@@ -68,6 +68,19 @@ pub(super) fn to_yaml(config: &Config) -> String {
         "shutdown_timeout",
         duration(&config.shutdown_timeout),
     );
+    put(&mut root, "route_match", choice(&config.route_match));
+    put(
+        &mut root,
+        "listen_header_timeout",
+        duration(&config.listen_header_timeout),
+    );
+    put(&mut root, "max_connections", config.max_connections as u64);
+    put(
+        &mut root,
+        "max_buffered_bytes",
+        size(&config.max_buffered_bytes),
+    );
+    put(&mut root, "errors", config.errors.to_mapping());
 
     serde_yaml::to_string(&Value::Mapping(root))
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"))
@@ -119,6 +132,26 @@ pub(super) fn statuses(list: &[StatusCode]) -> Value {
         .map(|s| u64::from(s.as_u16()))
         .collect::<Vec<_>>()
         .into()
+}
+
+pub(super) fn strings(list: &[String]) -> Value {
+    list.iter().map(|s| text(s)).collect::<Vec<_>>().into()
+}
+
+/// A header map as YAML, names as given.
+pub(super) fn header_pairs(pairs: &[(HeaderName, HeaderValue)]) -> Value {
+    let mut map = Mapping::new();
+    for (name, value) in pairs {
+        map.insert(
+            name.as_str().into(),
+            text(&String::from_utf8_lossy(value.as_bytes())),
+        );
+    }
+    Value::Mapping(map)
+}
+
+pub(super) fn header_value(value: &HeaderValue) -> Value {
+    text(&String::from_utf8_lossy(value.as_bytes()))
 }
 
 pub(super) fn headers(list: &[HeaderName]) -> Value {

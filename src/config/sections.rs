@@ -18,13 +18,13 @@
 
 use std::time::Duration;
 
-use http::Uri;
+use http::{HeaderValue, Uri};
 use serde::Deserialize;
 use serde_yaml::Mapping;
 
-use super::LogFormat;
-use super::render::{choice, duration, text, upstream_url};
-use super::values::{Dur, LogLevel, Pick, Raw, UpstreamUrl};
+use super::render::{choice, duration, header_value, text, upstream_url};
+use super::values::{ContentType, Dur, LogLevel, Pick, Raw, Text, UpstreamUrl};
+use super::{ErrorFormat, LogFormat};
 
 /// Generates a typed section, its `Default`, its raw form, the conversion from one to
 /// the other and the printing from one declaration per key.
@@ -98,6 +98,19 @@ section! {
         timeout: Duration = Duration::from_secs(30), from Dur, show duration;
     }
 
+    pub struct ErrorsConfig, read as RawErrors
+        expecting "a mapping with format, template, content_type"
+    {
+        /// `problem` (problem+json) or `template`.
+        format: ErrorFormat = ErrorFormat::Problem, from Pick<ErrorFormat>, show choice;
+        /// The body of every answer idemgate makes itself under `format: template`, with
+        /// `{slug}`, `{type}`, `{title}`, `{status}` and `{detail}` filled in.
+        template: String = String::new(), from Text, show text;
+        /// The `Content-Type` of those answers under `format: template`.
+        content_type: HeaderValue = HeaderValue::from_static("application/json"),
+            from ContentType, show header_value;
+    }
+
     pub struct LogConfig, read as RawLog expecting "a mapping with format, level" {
         format: LogFormat = LogFormat::Text, from Pick<LogFormat>, show choice;
         /// A level (stored lower-case) or `EnvFilter`-style directives such as
@@ -106,10 +119,75 @@ section! {
     }
 }
 
+impl ErrorsConfig {
+    /// The template with `{slug}`, `{type}`, `{title}`, `{status}` and `{detail}`
+    /// replaced: strings JSON-escaped without quotes (the template writes `"{detail}"`),
+    /// the status as a bare number. One pass, so a value is never filled in again.
+    pub fn fill(
+        &self,
+        slug: &str,
+        type_uri: &str,
+        title: &str,
+        status: u16,
+        detail: &str,
+    ) -> String {
+        let mut out = String::with_capacity(self.template.len() + detail.len());
+        let mut rest = self.template.as_str();
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let tail = &rest[open..];
+            let value = [
+                ("{slug}", escaped(slug)),
+                ("{type}", escaped(type_uri)),
+                ("{title}", escaped(title)),
+                ("{status}", status.to_string()),
+                ("{detail}", escaped(detail)),
+            ]
+            .into_iter()
+            .find(|(name, _)| tail.starts_with(name));
+            match value {
+                Some((name, value)) => {
+                    out.push_str(&value);
+                    rest = &tail[name.len()..];
+                }
+                None => {
+                    out.push('{');
+                    rest = &tail[1..];
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// A JSON string's contents, without the quotes.
+fn escaped(value: &str) -> String {
+    let quoted = serde_json::Value::from(value).to_string();
+    quoted[1..quoted.len() - 1].to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::values::parse_upstream_url;
+
+    #[test]
+    fn a_template_is_filled_in_once_with_escaped_strings() {
+        let errors = ErrorsConfig {
+            template:
+                r#"{"error":{"code":"{slug}","status":{status},"message":"{detail}","x":"{nope}"}}"#
+                    .to_owned(),
+            ..ErrorsConfig::default()
+        };
+        let filled = errors.fill("in-flight", "t", "T", 409, "say \"{slug}\"\n");
+        assert_eq!(
+            filled,
+            r#"{"error":{"code":"in-flight","status":409,"message":"say \"{slug}\"\n","x":"{nope}"}}"#
+        );
+        let json: serde_json::Value = serde_json::from_str(&filled).expect("valid JSON");
+        assert_eq!(json["error"]["message"], "say \"{slug}\"\n");
+    }
 
     /// `--check` prints the default URL, which must parse back to the same value.
     #[test]

@@ -7,8 +7,8 @@ use super::policy::RawRoute;
 use super::raw::{RawConfig, RawStore};
 use super::values::Raw;
 use super::{
-    AdminConfig, Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig, StoreKind,
-    redact_url,
+    AdminConfig, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy, Route,
+    RouteMatch, StoreConfig, StoreKind, redact_url,
 };
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -36,7 +36,48 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
         shutdown_timeout: raw
             .shutdown_timeout
             .map_or(Duration::from_secs(30), |d| d.0),
+        route_match: raw.route_match.map_or(RouteMatch::Exact, |m| m.0),
+        listen_header_timeout: raw
+            .listen_header_timeout
+            .map_or(Duration::from_secs(30), |d| d.0),
+        max_connections: match raw.max_connections {
+            None => 10_000,
+            Some(count) => usize::try_from(count.0)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| ConfigError::invalid("max_connections", "must be at least 1"))?,
+        },
+        max_buffered_bytes: raw.max_buffered_bytes.map_or(256 << 20, |s| s.0),
+        errors: build_errors(raw.errors.unwrap_or_default().typed())?,
     })
+}
+
+/// `format: template` needs a template that is JSON once filled in (SPEC §16).
+fn build_errors(errors: ErrorsConfig) -> Result<ErrorsConfig, ConfigError> {
+    if errors.format == ErrorFormat::Template {
+        if errors.template.trim().is_empty() {
+            return Err(ConfigError::invalid(
+                "errors.template",
+                "missing; format: template needs a template such as \
+                 '{\"error\":{\"code\":\"{slug}\",\"message\":\"{detail}\"}}'",
+            ));
+        }
+        // Filled in with values that need escaping, as real details may.
+        let filled = errors.fill(
+            "in-flight",
+            "https://idemgate.dev/problems/in-flight",
+            "Title \"quoted\"",
+            409,
+            "A detail with \"quotes\", a \\ and a\nnewline.",
+        );
+        if let Err(err) = serde_json::from_str::<serde_json::Value>(&filled) {
+            return Err(ConfigError::invalid(
+                "errors.template",
+                format!("is not valid JSON once filled in ({err}): {filled}"),
+            ));
+        }
+    }
+    Ok(errors)
 }
 
 fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {

@@ -8,12 +8,14 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
 use super::units;
-use super::{LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, StoreKind};
+use super::{
+    ErrorFormat, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind,
+};
 
 /// A value as deserialized (checked, and still wrapped so that serde recorded its
 /// path) and the typed value it stands for in [`Config`](super::Config).
@@ -457,4 +459,103 @@ impl<'de, T: Choice> Deserialize<'de> for Pick<T> {
             ))),
         }
     }
+}
+
+/// A plain string value, kept as written (after `${VAR}` interpolation).
+#[derive(Debug, Clone)]
+pub(super) struct Text(pub(super) String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a string";
+        Scalar::read(d, EXPECTING)?.into_str(EXPECTING).map(Text)
+    }
+}
+
+/// A cookie name (an RFC 6265 token), for `scope_cookies`.
+#[derive(Debug, Clone)]
+pub(super) struct CookieName(pub(super) String);
+
+impl<'de> Deserialize<'de> for CookieName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a cookie name";
+        let name = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        // An RFC 9110 token: visible ASCII but separators.
+        let token = |b: u8| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b);
+        if name.is_empty() || !name.bytes().all(token) {
+            return Err(de::Error::custom(format!(
+                "'{name}' is not a cookie name (letters, digits and !#$%&'*+-.^_`|~)"
+            )));
+        }
+        Ok(CookieName(name))
+    }
+}
+
+/// A map of header name to value (`replay_error_headers`), in file order.
+#[derive(Debug, Clone)]
+pub(super) struct HeaderPairs(pub(super) Vec<(HeaderName, HeaderValue)>);
+
+impl<'de> Deserialize<'de> for HeaderPairs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct PairsVisitor;
+        impl<'de> Visitor<'de> for PairsVisitor {
+            type Value = HeaderPairs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping of header name to value")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<HeaderPairs, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some((name, value)) = map.next_entry::<Header, Text>()? {
+                    let value = HeaderValue::from_str(&value.0).map_err(|_| {
+                        de::Error::custom(format!(
+                            "'{}' is not a valid value for header {}",
+                            value.0,
+                            name.0.as_str()
+                        ))
+                    })?;
+                    pairs.push((name.0, value));
+                }
+                Ok(HeaderPairs(pairs))
+            }
+        }
+        d.deserialize_map(PairsVisitor)
+    }
+}
+
+/// A `Content-Type` value.
+#[derive(Debug, Clone)]
+pub(super) struct ContentType(pub(super) HeaderValue);
+
+impl<'de> Deserialize<'de> for ContentType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a media type such as application/json";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        match HeaderValue::from_str(&text) {
+            Ok(value) if text.contains('/') => Ok(ContentType(value)),
+            _ => Err(de::Error::custom(format!(
+                "'{text}' is not a media type; expected e.g. application/json"
+            ))),
+        }
+    }
+}
+
+raw_newtypes! {
+    Text => String,
+    CookieName => String,
+    HeaderPairs => Vec<(HeaderName, HeaderValue)>,
+    ContentType => HeaderValue,
+}
+
+impl Choice for RouteMatch {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("exact", RouteMatch::Exact),
+        ("case_insensitive", RouteMatch::CaseInsensitive),
+    ];
+}
+
+impl Choice for ErrorFormat {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("problem", ErrorFormat::Problem),
+        ("template", ErrorFormat::Template),
+    ];
 }

@@ -399,3 +399,72 @@ fn yaml_syntax_errors_give_a_position() {
     let message = parse("a: 1\na: 2\n").unwrap_err().to_string();
     assert!(message.contains("duplicate"), "{message}");
 }
+
+#[test]
+fn the_keys_of_one_view_and_of_answers_have_their_defaults_and_their_errors() {
+    let config = parse_ok(MINIMAL);
+    assert_eq!(config.route_match, RouteMatch::Exact);
+    assert_eq!(config.listen_header_timeout, secs(30));
+    assert_eq!(config.max_connections, 10_000);
+    assert_eq!(config.max_buffered_bytes, 256 << 20);
+    assert_eq!(config.errors.format, ErrorFormat::Problem);
+    assert_eq!(config.errors.content_type, "application/json");
+    assert!(config.idempotency.scope_cookies.is_empty());
+    assert_eq!(
+        config.idempotency.replay_error_headers,
+        vec![(
+            header("x-should-retry"),
+            http::HeaderValue::from_static("false")
+        )]
+    );
+    let off = parse_ok(&with_minimal("idempotency:\n  replay_error_headers: {}\n"));
+    assert!(off.idempotency.replay_error_headers.is_empty());
+
+    error_at(&with_minimal("route_match: fuzzy\n"), "route_match");
+    error_at(&with_minimal("max_connections: 0\n"), "max_connections");
+    error_at(
+        &with_minimal("max_buffered_bytes: lots\n"),
+        "max_buffered_bytes",
+    );
+    error_at(
+        &with_minimal("listen_header_timeout: 0s\n"),
+        "listen_header_timeout",
+    );
+    error_at(
+        &with_minimal("routes:\n  - path: /a\n    scope_cookies: [\"a b\"]\n"),
+        "routes[0].scope_cookies[0]",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  replay_error_headers: {\"bad header\": x}\n"),
+        "idempotency.replay_error_headers.bad header",
+    );
+    error_at(
+        &with_minimal("idempotency:\n  replay_error_headers: [x-should-retry]\n"),
+        "idempotency.replay_error_headers",
+    );
+    error_at(
+        &with_minimal("errors:\n  format: template\n"),
+        "errors.template",
+    );
+    let message = error_at(
+        &with_minimal("errors:\n  format: template\n  template: '{\"error\": {detail}}'\n"),
+        "errors.template",
+    );
+    assert!(message.contains("not valid JSON"), "{message}");
+    error_at(
+        &with_minimal("errors:\n  content_type: json\n"),
+        "errors.content_type",
+    );
+    error_at(&with_minimal("errors:\n  format: xml\n"), "errors.format");
+}
+
+#[test]
+fn case_insensitive_routes_match_regardless_of_ascii_case() {
+    let yaml = with_minimal("routes:\n  - path: /charges\n    ttl: 1h\n");
+    let exact = parse_ok(&yaml);
+    assert_eq!(exact.route_index("/Charges/1"), None);
+    let loose = parse_ok(&format!("{yaml}route_match: case_insensitive\n"));
+    assert_eq!(loose.route_index("/Charges/1"), Some(0));
+    assert_eq!(loose.route_index("/CHARGES"), Some(0));
+    assert_eq!(loose.route_index("/ChargesX"), None);
+}

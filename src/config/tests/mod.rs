@@ -153,7 +153,9 @@ idempotency:
   release_statuses: [429, 502, 503]
   scope_headers: [Authorization, X-Tenant]
   fingerprint_headers: []
+  scope_cookies: [session, sid]
   replay_drop_headers: [set-cookie]
+  replay_error_headers: {X-Should-Retry: "false", x-idempotent-error: final}
   max_request_body: 64KiB
   max_response_body: 2MB
 routes:
@@ -165,6 +167,14 @@ log:
   format: json
   level: DEBUG
 shutdown_timeout: 1h 30m
+route_match: case_insensitive
+listen_header_timeout: 5s
+max_connections: 512
+max_buffered_bytes: 64MiB
+errors:
+  format: template
+  template: '{"error":{"code":"{slug}","message":"{detail}"}}'
+  content_type: application/vnd.api+json
 "#;
 
 #[test]
@@ -206,7 +216,18 @@ fn every_key_can_be_overridden() {
         ],
         scope_headers: vec![header("authorization"), header("x-tenant")],
         fingerprint_headers: vec![],
+        scope_cookies: vec!["session".to_owned(), "sid".to_owned()],
         replay_drop_headers: vec![header("set-cookie")],
+        replay_error_headers: vec![
+            (
+                header("x-should-retry"),
+                http::HeaderValue::from_static("false"),
+            ),
+            (
+                header("x-idempotent-error"),
+                http::HeaderValue::from_static("final"),
+            ),
+        ],
         max_request_body: 64 * 1024,
         max_response_body: 2_000_000,
     };
@@ -229,6 +250,16 @@ fn every_key_can_be_overridden() {
         }
     );
     assert_eq!(config.shutdown_timeout, secs(5_400));
+    assert_eq!(config.route_match, RouteMatch::CaseInsensitive);
+    assert_eq!(config.listen_header_timeout, secs(5));
+    assert_eq!(config.max_connections, 512);
+    assert_eq!(config.max_buffered_bytes, 64 << 20);
+    assert_eq!(config.errors.format, ErrorFormat::Template);
+    assert_eq!(
+        config.errors.template,
+        r#"{"error":{"code":"{slug}","message":"{detail}"}}"#
+    );
+    assert_eq!(config.errors.content_type, "application/vnd.api+json");
 }
 
 #[test]
