@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
+use crate::config::{ErrorFormat, ErrorsConfig};
 use crate::idempotency::{KeyError, Rejection};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
@@ -18,6 +19,22 @@ pub(crate) const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
 
 /// How long a client is asked to wait after `503 store-unavailable`.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a client is asked to wait after `503 overloaded`.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a request target was refused (SPEC §15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TargetError {
+    #[error("the path climbs above the root")]
+    AboveRoot,
+    #[error("the path has an invalid percent-encoding")]
+    BadPercent,
+    #[error("the request has more than one Host header")]
+    DuplicateHost,
+    #[error("the request target's authority differs from its Host header")]
+    HostMismatch,
+}
 
 /// Why the upstream's outcome is unknown after the request may have reached it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +63,13 @@ pub(crate) enum ProxyError {
     BadRequestBody(#[source] BoxError),
     #[error("the request body did not arrive within the upstream timeout")]
     BodyTimeout,
+    #[error("the request target is refused")]
+    BadTarget(#[source] TargetError),
+    #[error("the proxy holds as many buffered bodies as it may")]
+    Overloaded,
+    /// An unguarded request failed upstream: answered as `inner`, counted apart.
+    #[error("{0}")]
+    PassThroughFailed(Box<ProxyError>),
     #[error("this key was used for a different request")]
     KeyReused,
     #[error("could not connect to the upstream")]
@@ -102,6 +126,19 @@ impl ProxyError {
                 "Request body could not be read",
                 None,
             ),
+            E::BadTarget(_) => (
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                "Request target refused",
+                None,
+            ),
+            E::Overloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Proxy overloaded",
+                Some(OVERLOADED_RETRY_AFTER),
+            ),
+            E::PassThroughFailed(inner) => return inner.problem(),
             E::BodyTimeout => (
                 StatusCode::REQUEST_TIMEOUT,
                 "request-timeout",
@@ -181,7 +218,9 @@ impl ProxyError {
             E::InFlight { .. } => Outcome::InFlight,
             E::NotReplayable => Outcome::NotReplayable,
             E::BodyTooLarge { .. } => Outcome::TooLarge,
-            E::BadRequestBody(_) | E::BodyTimeout => Outcome::BadRequest,
+            E::BadRequestBody(_) | E::BodyTimeout | E::BadTarget(_) => Outcome::BadRequest,
+            E::Overloaded => Outcome::Overloaded,
+            E::PassThroughFailed(_) => Outcome::PassthroughError,
             E::KeyReused => Outcome::KeyReused,
             E::UpstreamUnreachable(_) => Outcome::UpstreamUnreachable,
             E::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
@@ -195,6 +234,7 @@ impl ProxyError {
         use ProxyError as E;
         match self {
             E::StoreUnavailable(_) | E::UpstreamUnreachable(_) | E::OutcomeUnknown { .. } => true,
+            E::PassThroughFailed(inner) => inner.is_infrastructure(),
             E::MissingKey { .. }
             | E::InvalidKey(_)
             | E::InFlight { .. }
@@ -202,6 +242,8 @@ impl ProxyError {
             | E::BodyTooLarge { .. }
             | E::BadRequestBody(_)
             | E::BodyTimeout
+            | E::BadTarget(_)
+            | E::Overloaded
             | E::KeyReused => false,
         }
     }
@@ -242,23 +284,35 @@ impl Problem {
         format!("{PROBLEM_BASE}{}", self.slug)
     }
 
-    /// The JSON body of RFC 9457.
-    pub(crate) fn body(&self) -> Bytes {
-        let body = serde_json::json!({
-            "type": self.type_uri(),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        Bytes::from(body.to_string())
+    /// The body: the JSON of RFC 9457, or the operator's template (SPEC §16).
+    pub(crate) fn body(&self, errors: &ErrorsConfig) -> Bytes {
+        match errors.format {
+            ErrorFormat::Problem => {
+                let body = serde_json::json!({
+                    "type": self.type_uri(),
+                    "title": self.title,
+                    "status": self.status.as_u16(),
+                    "detail": self.detail,
+                });
+                Bytes::from(body.to_string())
+            }
+            ErrorFormat::Template => Bytes::from(errors.fill(
+                self.slug,
+                &self.type_uri(),
+                self.title,
+                self.status.as_u16(),
+                &self.detail,
+            )),
+        }
     }
 
-    /// Headers of the problem answer, in the order they are sent and stored.
-    pub(crate) fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut headers = vec![(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        )];
+    /// Headers of the answer, in the order they are sent and stored.
+    pub(crate) fn headers(&self, errors: &ErrorsConfig) -> Vec<(HeaderName, HeaderValue)> {
+        let content_type = match errors.format {
+            ErrorFormat::Problem => HeaderValue::from_static("application/problem+json"),
+            ErrorFormat::Template => errors.content_type.clone(),
+        };
+        let mut headers = vec![(CONTENT_TYPE, content_type)];
         if let Some(after) = self.retry_after {
             headers.push((RETRY_AFTER, HeaderValue::from(after.as_secs().max(1))));
         }

@@ -35,10 +35,14 @@ pub enum Outcome {
     Released,
     UpstreamUnreachable,
     BadRequest,
+    /// `max_buffered_bytes` would have been passed: refused before anything was claimed.
+    Overloaded,
+    /// Passed through (not guarded), and the upstream failed.
+    PassthroughError,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 16] = [
+    pub const ALL: [Outcome; 18] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -55,6 +59,8 @@ impl Outcome {
         Outcome::Released,
         Outcome::UpstreamUnreachable,
         Outcome::BadRequest,
+        Outcome::Overloaded,
+        Outcome::PassthroughError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -75,6 +81,8 @@ impl Outcome {
             Outcome::Released => "released",
             Outcome::UpstreamUnreachable => "upstream_unreachable",
             Outcome::BadRequest => "bad_request",
+            Outcome::Overloaded => "overloaded",
+            Outcome::PassthroughError => "passthrough_error",
         }
     }
 

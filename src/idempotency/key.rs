@@ -1,7 +1,7 @@
 //! The `Idempotency-Key` header: parsing, validation and the scoped storage key.
 
 use http::HeaderMap;
-use http::header::HeaderName;
+use http::header::{AUTHORIZATION, COOKIE, HeaderName};
 use sha2::{Digest, Sha256};
 
 /// Longest key accepted, in characters (SPEC §2).
@@ -105,15 +105,47 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScopedKey([u8; 32]);
 
+/// What scopes a key besides the key itself: a policy's `scope_headers` and
+/// `scope_cookies` (SPEC §3, §15).
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    pub headers: &'a [HeaderName],
+    pub cookies: &'a [String],
+}
+
 impl ScopedKey {
-    /// Computes the key from the configured scope headers of a request. Each header
+    /// The key scoped by request headers only: [`ScopedKey::scoped`] with no cookies.
+    pub fn new(headers: &HeaderMap, scope_headers: &[HeaderName], key: &IdempotencyKey) -> Self {
+        let scope = Scope {
+            headers: scope_headers,
+            cookies: &[],
+        };
+        Self::scoped(headers, scope, key)
+    }
+
+    /// Computes the key from the scope values of a request. Each header or cookie
     /// contributes a count of values and each value with its length, so that no two
     /// different inputs (`a:b`+`c` versus `a`+`b:c`, absent versus empty) hash alike.
-    pub fn new(headers: &HeaderMap, scope_headers: &[HeaderName], key: &IdempotencyKey) -> Self {
+    /// The scheme of an `Authorization` value is compared case-insensitively. Cookies
+    /// enter the hash only when the policy names some, so that adding `scope_cookies`
+    /// to a policy moves no other policy's records.
+    pub fn scoped(headers: &HeaderMap, scope: Scope<'_>, key: &IdempotencyKey) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-scope-v1");
-        for name in scope_headers {
-            hash_header(&mut hash, headers, name);
+        for name in scope.headers {
+            if *name == AUTHORIZATION {
+                hash_authorization(&mut hash, headers);
+            } else {
+                hash_header(&mut hash, headers, name);
+            }
+        }
+        if !scope.cookies.is_empty() {
+            // Never the first byte of a length prefix (keys are at most 255 long), so a
+            // scope with cookies cannot collide with one without.
+            hash.update(b"cookies");
+            for name in scope.cookies {
+                hash_cookie(&mut hash, headers, name);
+            }
         }
         hash_field(&mut hash, key.0.as_bytes());
         Self(hash.finalize().into())
@@ -154,6 +186,45 @@ pub(crate) fn hash_header(hash: &mut Sha256, headers: &HeaderMap, name: &HeaderN
     }
 }
 
+/// `Authorization` values with their scheme in one case (`bearer x` and `BEARER x` are
+/// `Bearer x`): the form most clients send, so their existing records keep their
+/// address.
+fn hash_authorization(hash: &mut Sha256, headers: &HeaderMap) {
+    let values = headers.get_all(AUTHORIZATION);
+    hash.update((values.iter().count() as u64).to_be_bytes());
+    for value in values {
+        let bytes = value.as_bytes();
+        let scheme_end = bytes.iter().position(|b| *b == b' ').unwrap_or(0);
+        let mut canonical = bytes.to_vec();
+        for (i, b) in canonical[..scheme_end].iter_mut().enumerate() {
+            *b = if i == 0 {
+                b.to_ascii_uppercase()
+            } else {
+                b.to_ascii_lowercase()
+            };
+        }
+        hash_field(hash, &canonical);
+    }
+}
+
+/// All values of one cookie, across every `Cookie` header, counted, in order.
+fn hash_cookie(hash: &mut Sha256, headers: &HeaderMap, name: &str) {
+    let values: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|line| line.as_bytes().split(|b| *b == b';'))
+        .filter_map(|pair| {
+            let pair = pair.trim_ascii();
+            let eq = pair.iter().position(|b| *b == b'=')?;
+            (&pair[..eq] == name.as_bytes()).then_some(&pair[eq + 1..])
+        })
+        .collect();
+    hash.update((values.len() as u64).to_be_bytes());
+    for value in values {
+        hash_field(hash, value);
+    }
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -172,6 +243,66 @@ mod tests {
 
     fn key(s: &str) -> IdempotencyKey {
         parse_value(s.as_bytes()).expect("valid key")
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn cookies_named_in_the_scope_separate_tenants() {
+        let names = ["session".to_owned()];
+        let scope = Scope {
+            headers: &[AUTHORIZATION],
+            cookies: &names,
+        };
+        let k = key("k1");
+        let a = ScopedKey::scoped(&headers(&[("cookie", "theme=dark; session=A")]), scope, &k);
+        let b = ScopedKey::scoped(&headers(&[("cookie", "session=B; theme=dark")]), scope, &k);
+        let a_again = ScopedKey::scoped(
+            &headers(&[("cookie", "x=1"), ("cookie", "session=A")]),
+            scope,
+            &k,
+        );
+        let none = ScopedKey::scoped(&headers(&[("cookie", "sessionX=A")]), scope, &k);
+        assert_ne!(a, b, "tenant B never sees tenant A's record");
+        assert_eq!(a, a_again, "other cookies and header splits do not matter");
+        assert_ne!(a, none);
+        // Without scope_cookies a policy's records keep the address they always had.
+        let plain = headers(&[("authorization", "Bearer t"), ("cookie", "session=A")]);
+        let no_cookies = Scope {
+            headers: &[AUTHORIZATION],
+            cookies: &[],
+        };
+        assert_eq!(
+            ScopedKey::scoped(&plain, no_cookies, &k),
+            ScopedKey::new(&plain, &[AUTHORIZATION], &k)
+        );
+    }
+
+    #[test]
+    fn the_authorization_scheme_is_case_insensitive_and_bearer_keeps_its_address() {
+        let k = key("k1");
+        let scope = [AUTHORIZATION];
+        let of = |v: &'static str| ScopedKey::new(&headers(&[("authorization", v)]), &scope, &k);
+        assert_eq!(of("bearer tok"), of("Bearer tok"));
+        assert_eq!(of("BEARER tok"), of("Bearer tok"));
+        assert_ne!(
+            of("Bearer tok"),
+            of("Bearer TOK"),
+            "credentials stay case-sensitive"
+        );
+        // The address "Bearer tok" always had: the raw value hashed as it is.
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-scope-v1");
+        hash.update(1u64.to_be_bytes());
+        hash_field(&mut hash, b"Bearer tok");
+        hash_field(&mut hash, b"k1");
+        assert_eq!(of("Bearer tok"), ScopedKey(hash.finalize().into()));
     }
 
     #[test]

@@ -9,5 +9,5 @@ pub mod record;
 
 pub use decide::{AfterTakeOver, Decision, Rejection, decide};
 pub use fingerprint::Fingerprint;
-pub use key::{IdempotencyKey, KeyError, ScopedKey};
+pub use key::{IdempotencyKey, KeyError, Scope, ScopedKey};
 pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody};

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::AppState;
 use super::lease::{Job, in_background};
 use super::reply::problem_record;
-use crate::config::Policy;
+use crate::config::{ErrorsConfig, Policy};
 use crate::error::{ProxyError, UnknownCause};
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
@@ -115,7 +115,7 @@ async fn take_over<S: Store>(
                     AfterTakeOver::Forward => Job::Release(lease),
                     AfterTakeOver::RecordUnknown => Job::Record {
                         lease,
-                        record: Arc::new(abandoned_record(claim.fingerprint)),
+                        record: Arc::new(abandoned_record(&state.config.errors, claim.fingerprint)),
                         ttl: policy.ttl,
                     },
                 });
@@ -128,16 +128,13 @@ async fn take_over<S: Store>(
 }
 
 /// The record of a key whose owner crashed before recording (SPEC §4).
-pub(crate) fn abandoned_record(fingerprint: Fingerprint) -> Completed {
-    let problem = abandoned_error().problem();
-    problem_record(&problem, fingerprint)
-}
-
-pub(crate) fn abandoned_error() -> ProxyError {
-    ProxyError::OutcomeUnknown {
+pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
+    let problem = ProxyError::OutcomeUnknown {
         cause: UnknownCause::LeaseExpired,
         source: None,
     }
+    .problem();
+    problem_record(&problem, errors, fingerprint)
 }
 
 /// SPEC §8 "Orphaned claims": a call that timed out may still have been written. Once

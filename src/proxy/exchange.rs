@@ -16,10 +16,10 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody};
-use super::claim::{abandoned_error, abandoned_record};
+use super::claim::abandoned_record;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
-use super::reply::{Counted, IDEMPOTENT_REPLAYED, Reply, finish, problem_record, problem_response};
+use super::reply::{Counted, IDEMPOTENT_REPLAYED, Reply, finish, problem_record, replay_response};
 use super::upstream::{self, Failure, upstream_request};
 use super::{AppState, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
@@ -50,7 +50,7 @@ pub(crate) async fn execute<S: Store>(
     let work = async move {
         failpoint::hit(failpoint::AFTER_CLAIM);
         let result = exchange(&task_state, id, lease, req).await;
-        finish(&task_state.metrics, result)
+        finish(&task_state, result)
     };
     Detached::new(work, state.tasks.clone()).await
 }
@@ -78,7 +78,7 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            return Err(failed(lease, policy, req.fingerprint, failure).await);
+            return Err(failed(state, lease, policy, req.fingerprint, failure).await);
         }
     };
     // The replay marker is ours to set: an upstream's own must not make a first response
@@ -102,7 +102,9 @@ async fn exchange<S: Store>(
     state.metrics.observe_upstream(started.elapsed());
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
-        Err(failure) => return Err(failed(lease, policy, req.fingerprint, failure).await),
+        Err(failure) => {
+            return Err(failed(state, lease, policy, req.fingerprint, failure).await);
+        }
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
     let record = Completed {
@@ -132,6 +134,7 @@ fn kept(capped: Capped<Incoming>) -> (StoredBody, ProxyBody) {
 
 /// The exchange failed: settle the key as SPEC §4 says, and answer with the failure.
 async fn failed<S: Store>(
+    state: &AppState<S>,
     lease: LeaseGuard<S>,
     policy: &Policy,
     fingerprint: Fingerprint,
@@ -145,7 +148,7 @@ async fn failed<S: Store>(
         }
         // The upstream may have executed it: retries get this same answer.
         (_, OnUnknownOutcome::Record) => {
-            let record = problem_record(&err.problem(), fingerprint);
+            let record = problem_record(&err.problem(), &state.config.errors, fingerprint);
             // The count is outcome_unknown whether or not the record could be kept.
             let _ = lease.complete(record, policy.ttl).await;
         }
@@ -161,11 +164,10 @@ pub(crate) async fn record_abandoned<S: Store>(
     lease: Lease,
     fingerprint: Fingerprint,
 ) -> Reply {
+    let record = abandoned_record(&state.config.errors, fingerprint);
+    let response = replay_response(&record, policy);
     let lease = LeaseGuard::new(state, lease, policy.lease);
-    let _ = lease
-        .complete(abandoned_record(fingerprint), policy.ttl)
-        .await;
-    let response = problem_response(&abandoned_error().problem(), true);
+    let _ = lease.complete(record, policy.ttl).await;
     Reply::new(Outcome::OutcomeUnknown, response)
 }
 

@@ -4,24 +4,26 @@
 //! `exchange.rs` or answered from what the claim found. Every answer, error or not, is
 //! counted once, by `reply::finish`.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{Request, Response, Uri};
 
 use super::body::{Capped, ProxyBody, RequestBody, collect_capped};
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded};
 use super::reply::{Reply, finish, replay_response};
 use super::upstream::{self, upstream_request};
+use super::view;
 use super::{AppState, PolicyId};
 use crate::config::{OnUnavailable, Policy};
-use crate::error::ProxyError;
+use crate::error::{ProxyError, TargetError};
 use crate::idempotency::key::parse_key;
-use crate::idempotency::{Fingerprint, ScopedKey};
+use crate::idempotency::{Fingerprint, Scope, ScopedKey};
 use crate::metrics::Outcome;
 use crate::store::{Lease, Store, StoreError};
 
@@ -45,8 +47,8 @@ pub async fn handle<S: Store, B: RequestBody>(
     let mut scoped_key = None;
     let counted = match route(&state, req, peer, &mut scoped_key).await {
         Ok(Next::Exchange { id, lease, req }) => exchange::execute(&state, id, lease, req).await,
-        Ok(Next::Answer(reply)) => finish(&state.metrics, Ok(reply)),
-        Err(err) => finish(&state.metrics, Err(err)),
+        Ok(Next::Answer(reply)) => finish(&state, Ok(reply)),
+        Err(err) => finish(&state, Err(err)),
     };
     // One line per request. The key appears only as a short prefix of its scoped hash:
     // enough to correlate retries, never the raw key or a credential.
@@ -85,9 +87,10 @@ async fn route<S: Store, B: RequestBody>(
     peer: SocketAddr,
     scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Next, ProxyError> {
-    let id = state.policy_id(req.uri().path());
+    let req = one_view(req)?;
+    let id = state.policy_id(&view::match_path(req.uri().path()));
     let policy = state.policy(id);
-    if !policy.enabled || !policy.methods.contains(req.method()) {
+    if !policy.enabled || !view::guarded_method(req.method(), req.headers(), &policy.methods) {
         return pass_through(state, req, peer).await;
     }
     let Some(key) = parse_key(req.headers(), &policy.header).map_err(ProxyError::InvalidKey)?
@@ -99,7 +102,11 @@ async fn route<S: Store, B: RequestBody>(
         }
         return pass_through(state, req, peer).await;
     };
-    let scoped = ScopedKey::new(req.headers(), &policy.scope_headers, &key);
+    let scope = Scope {
+        headers: &policy.scope_headers,
+        cookies: &policy.scope_cookies,
+    };
+    let scoped = ScopedKey::scoped(req.headers(), scope, &key);
     *scoped_key = Some(scoped);
     let req = buffer(state, policy, req, peer, scoped).await?;
     let next = match claim::claim(state, policy, req.scoped, req.fingerprint).await? {
@@ -107,12 +114,37 @@ async fn route<S: Store, B: RequestBody>(
         Claimed::Abandoned(lease) => {
             Next::Answer(exchange::record_abandoned(state, policy, lease, req.fingerprint).await)
         }
-        Claimed::Replay(completed) => {
-            Next::Answer(Reply::new(Outcome::Replayed, replay_response(&completed)))
-        }
+        Claimed::Replay(completed) => Next::Answer(Reply::new(
+            Outcome::Replayed,
+            replay_response(&completed, policy),
+        )),
         Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, err, req).await?),
     };
     Ok(next)
+}
+
+/// The request as both the guard and the upstream see it (SPEC §15): `Host` checked,
+/// the path normalised in its URI (the query is kept as sent).
+fn one_view<B>(mut req: Request<B>) -> Result<Request<B>, ProxyError> {
+    view::check_host(req.uri(), req.headers()).map_err(ProxyError::BadTarget)?;
+    let normal = match view::normalise_path(req.uri().path()).map_err(ProxyError::BadTarget)? {
+        Cow::Borrowed(_) => return Ok(req),
+        Cow::Owned(normal) => normal,
+    };
+    let mut parts = req.uri().clone().into_parts();
+    let target = match req.uri().query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal,
+    };
+    // Built from a valid path by decoding unreserved characters only.
+    parts.path_and_query = Some(
+        target
+            .parse()
+            .map_err(|_| ProxyError::BadTarget(TargetError::BadPercent))?,
+    );
+    *req.uri_mut() =
+        Uri::from_parts(parts).map_err(|_| ProxyError::BadTarget(TargetError::BadPercent))?;
+    Ok(req)
 }
 
 /// Reads a guarded body whole, before anything is claimed; a client that trickles it
@@ -197,7 +229,11 @@ async fn forward_unguarded<S: Store>(
     let deadline = started + state.config.upstream.timeout;
     let sent = upstream::send(&state.client, request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
-    Ok(sent?.map(ProxyBody::stream))
+    match sent {
+        Ok(response) => Ok(response.map(ProxyBody::stream)),
+        // Not guarded: counted apart from the guarded outcomes (SPEC §16).
+        Err(failure) => Err(ProxyError::PassThroughFailed(Box::new(failure.into()))),
+    }
 }
 
 fn content_length(headers: &http::HeaderMap) -> Option<u64> {

@@ -5,6 +5,8 @@
 //! those after it:
 //!
 //! 1. `handler.rs`: policy, key, body, fingerprint; pass-through or guarded;
+//!    `view.rs` gives it one view of the request: the normalised path, the method, the
+//!    `Host` checks;
 //! 2. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
 //! 3. `exchange.rs`: forward once and record (on its own task if the client leaves);
 //! 4. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
@@ -19,6 +21,7 @@ mod handler;
 mod lease;
 mod reply;
 mod upstream;
+mod view;
 
 use std::future::Future;
 use std::net::SocketAddr;

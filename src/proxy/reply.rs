@@ -6,10 +6,12 @@
 use http::Response;
 use http::header::{HeaderName, HeaderValue};
 
+use super::AppState;
 use super::body::ProxyBody;
+use crate::config::{ErrorsConfig, Policy};
 use crate::error::{Problem, ProxyError};
-use crate::idempotency::{Completed, StoredBody};
-use crate::metrics::{Metrics, Outcome};
+use crate::idempotency::{Completed, Fingerprint, StoredBody};
+use crate::metrics::Outcome;
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -47,7 +49,7 @@ impl Counted {
 
 /// Counts the outcome, logs an infrastructure failure once, and turns an error into its
 /// problem answer.
-pub(crate) fn finish(metrics: &Metrics, result: Result<Reply, ProxyError>) -> Counted {
+pub(crate) fn finish<S>(state: &AppState<S>, result: Result<Reply, ProxyError>) -> Counted {
     let reply = match result {
         Ok(reply) => reply,
         Err(err) => {
@@ -58,15 +60,18 @@ pub(crate) fn finish(metrics: &Metrics, result: Result<Reply, ProxyError>) -> Co
                     "request failed"
                 );
             }
-            Reply::new(err.outcome(), problem_response(&err.problem(), false))
+            let response = problem_response(&err.problem(), &state.config.errors);
+            Reply::new(err.outcome(), response)
         }
     };
-    metrics.count(reply.outcome);
+    state.metrics.count(reply.outcome);
     Counted(reply)
 }
 
 /// A stored response, sent again. `Date` and `Content-Length` are made anew by hyper.
-pub(crate) fn replay_response(completed: &Completed) -> Response<ProxyBody> {
+/// A recorded status of 500 or more cannot change either: it carries the policy's
+/// `replay_error_headers`, so that SDKs stop retrying it (SPEC §16).
+pub(crate) fn replay_response(completed: &Completed, policy: &Policy) -> Response<ProxyBody> {
     let body = match &completed.body {
         StoredBody::Stored(body) => ProxyBody::full(body.clone()),
         StoredBody::TooLarge => ProxyBody::empty(),
@@ -78,19 +83,21 @@ pub(crate) fn replay_response(completed: &Completed) -> Response<ProxyBody> {
         headers.append(name, value.clone());
     }
     headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if completed.status.is_server_error() {
+        for (name, value) in &policy.replay_error_headers {
+            headers.insert(name, value.clone());
+        }
+    }
     response
 }
 
-/// A problem answer; `replayed` when it comes from a stored record.
-pub(crate) fn problem_response(problem: &Problem, replayed: bool) -> Response<ProxyBody> {
-    let mut response = Response::new(ProxyBody::full(problem.body()));
+/// An answer the proxy makes itself, in the configured shape.
+pub(crate) fn problem_response(problem: &Problem, errors: &ErrorsConfig) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::full(problem.body(errors)));
     *response.status_mut() = problem.status;
     let headers = response.headers_mut();
-    for (name, value) in problem.headers() {
+    for (name, value) in problem.headers(errors) {
         headers.append(name, value);
-    }
-    if replayed {
-        headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     response
 }
@@ -98,12 +105,13 @@ pub(crate) fn problem_response(problem: &Problem, replayed: bool) -> Response<Pr
 /// A problem as a record to keep under the key, so that retries get the same answer.
 pub(crate) fn problem_record(
     problem: &Problem,
-    fingerprint: crate::idempotency::Fingerprint,
+    errors: &ErrorsConfig,
+    fingerprint: Fingerprint,
 ) -> Completed {
     Completed {
         fingerprint,
         status: problem.status,
-        headers: problem.headers(),
-        body: StoredBody::Stored(problem.body()),
+        headers: problem.headers(errors),
+        body: StoredBody::Stored(problem.body(errors)),
     }
 }
