@@ -10,11 +10,11 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::proxy::AppState;
+use crate::proxy::{AppState, HeadSeen, head_deadline};
 use crate::store::Store;
 
 /// `/readyz` asks the store at most this often; probes in between get the last answer.
@@ -51,18 +51,28 @@ pub async fn serve_admin<S: Store>(
             accepted = crate::proxy::accept(&listener) => accepted,
             () = &mut shutdown => return,
         };
+        let limit = state.config.listen_header_timeout;
         let state = Arc::clone(&state);
         let readiness = Arc::clone(&readiness);
         tokio::spawn(async move {
+            let head = HeadSeen::default();
+            let seen = head.clone();
             let svc = service_fn(move |req| {
+                seen.mark();
                 let state = Arc::clone(&state);
                 let readiness = Arc::clone(&readiness);
                 async move { Ok::<_, std::convert::Infallible>(answer(&state, &readiness, &req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limit)
                 .serve_connection(TokioIo::new(stream), svc);
-            if let Err(err) = conn.await {
-                tracing::debug!(error = %err, "admin connection ended with an error");
+            match head_deadline(conn, limit, &head).await {
+                Some(Err(err)) => {
+                    tracing::debug!(error = %err, "admin connection ended with an error");
+                }
+                Some(Ok(())) => {}
+                None => tracing::debug!("admin connection closed: no request head in time"),
             }
         });
     }

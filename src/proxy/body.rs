@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 
+use super::budget::Held;
 use crate::error::BoxError;
 
 #[derive(Debug)]
@@ -116,19 +117,31 @@ pub(crate) enum Capped<B> {
         prefix: Bytes,
         rest: B,
     },
+    /// `max_buffered_bytes` has no room for the next bytes.
+    OverBudget,
 }
 
-/// Reads `body` whole unless it grows past `limit` bytes. Trailers are dropped.
+/// Reads `body` whole unless it grows past `limit` bytes, accounting for every byte held
+/// in `held`. Trailers are dropped.
 pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
     mut body: B,
     limit: u64,
+    held: &mut Held,
 ) -> Result<Capped<B>, B::Error> {
+    // A known length is held at its size: a buffer grown by doubling can hold twice.
+    let expected = body.size_hint().exact().unwrap_or(0).min(limit);
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue;
         };
+        if !held.fill(data.len() as u64) {
+            return Ok(Capped::OverBudget);
+        }
+        if first.is_some() && buf.capacity() == 0 {
+            buf.reserve(usize::try_from(expected).unwrap_or(0));
+        }
         // A single-frame body is kept as it came, without a copy.
         let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
         if (held + data.len()) as u64 > limit {
@@ -169,14 +182,26 @@ mod tests {
     #[tokio::test]
     async fn collect_capped_reports_what_was_read_past_the_limit() {
         let body = Full::new(Bytes::from_static(b"0123456789"));
-        match collect_capped(body, 4).await.expect("in memory") {
+        let budget = super::super::budget::Budget::new(100);
+        let mut held = budget.strict();
+        match collect_capped(body, 4, &mut held).await.expect("in memory") {
             Capped::Overflow { prefix, .. } => assert_eq!(prefix, "0123456789"),
-            Capped::Complete(b) => panic!("not capped: {b:?}"),
+            _ => panic!("not capped"),
         }
+        drop(held);
         let body = Full::new(Bytes::from_static(b"0123"));
         assert!(matches!(
-            collect_capped(body, 4).await.expect("in memory"),
+            collect_capped(body, 4, &mut budget.strict()).await.expect("in memory"),
             Capped::Complete(b) if b == "0123"
+        ));
+        let body = Full::new(Bytes::from_static(b"0123"));
+        let mut full = budget.strict();
+        assert!(full.grow(98));
+        assert!(matches!(
+            collect_capped(body, 4, &mut budget.strict())
+                .await
+                .expect("in memory"),
+            Capped::OverBudget
         ));
     }
 }

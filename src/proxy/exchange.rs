@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody};
+use super::budget::Held;
 use super::claim::abandoned_record;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
@@ -37,6 +38,8 @@ pub(crate) struct Guarded {
     pub(crate) parts: Parts,
     pub(crate) body: Bytes,
     pub(crate) peer: SocketAddr,
+    /// The body's share of `max_buffered_bytes`, given back when the exchange ends.
+    pub(crate) held: Held,
 }
 
 /// Forwards and records, then answers; finishes on its own if the client goes away.
@@ -64,11 +67,20 @@ async fn exchange<S: Store>(
     let policy = state.policy(id);
     let mut lease = LeaseGuard::new(state, lease, policy.lease);
     let deadline = Instant::now() + state.config.upstream.timeout;
+    // The request body's share of the buffer budget is held until the exchange ends.
+    let Guarded {
+        fingerprint,
+        parts,
+        body,
+        peer,
+        held: _request_held,
+        ..
+    } = req;
     let request = upstream_request(
         &state.config.upstream.url,
-        req.parts,
-        req.peer,
-        ProxyBody::full(req.body),
+        parts,
+        peer,
+        ProxyBody::full(body),
     );
     let started = Instant::now();
     let sent = lease
@@ -78,7 +90,7 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            return Err(failed(state, lease, policy, req.fingerprint, failure).await);
+            return Err(failed(state, lease, policy, fingerprint, failure).await);
         }
     };
     // The replay marker is ours to set: an upstream's own must not make a first response
@@ -92,23 +104,25 @@ async fn exchange<S: Store>(
         let response = Response::from_parts(head, ProxyBody::stream(body));
         return Ok(Reply::new(Outcome::Released, response));
     }
+    let mut held = state.budget.counting();
     let read = lease
         .renewing(upstream::read_body(
             body,
             policy.max_response_body,
             deadline,
+            &mut held,
         ))
         .await;
     state.metrics.observe_upstream(started.elapsed());
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
         Err(failure) => {
-            return Err(failed(state, lease, policy, req.fingerprint, failure).await);
+            return Err(failed(state, lease, policy, fingerprint, failure).await);
         }
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
     let record = Completed {
-        fingerprint: req.fingerprint,
+        fingerprint,
         status: head.status,
         headers: stored_headers(&head.headers, &policy.replay_drop_headers),
         body: stored,
@@ -129,6 +143,8 @@ fn kept(capped: Capped<Incoming>) -> (StoredBody, ProxyBody) {
                 rest,
             },
         ),
+        // `read_body` turns this into a failure; a counting share never refuses.
+        Capped::OverBudget => (StoredBody::TooLarge, ProxyBody::empty()),
     }
 }
 

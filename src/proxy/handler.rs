@@ -157,11 +157,19 @@ async fn buffer<S: Store, B: RequestBody>(
     scoped: ScopedKey,
 ) -> Result<Guarded, ProxyError> {
     let limit = policy.max_request_body;
-    if content_length(req.headers()).is_some_and(|len| len > limit) {
+    let length = content_length(req.headers());
+    if length.is_some_and(|len| len > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
+    // A declared length is held before a byte is read: a client cannot stall many
+    // bodies each one byte short of their size past `max_buffered_bytes`.
+    let mut held = state.budget.strict();
+    if !held.grow(length.unwrap_or(0)) {
+        return Err(ProxyError::Overloaded);
+    }
     let (parts, body) = req.into_parts();
-    let read = tokio::time::timeout(state.config.upstream.timeout, collect_capped(body, limit));
+    let read = collect_capped(body, limit, &mut held);
+    let read = tokio::time::timeout(state.config.upstream.timeout, read);
     let body = match read
         .await
         .map_err(|_| ProxyError::BodyTimeout)?
@@ -169,6 +177,7 @@ async fn buffer<S: Store, B: RequestBody>(
     {
         Capped::Complete(body) => body,
         Capped::Overflow { .. } => return Err(ProxyError::BodyTooLarge { limit }),
+        Capped::OverBudget => return Err(ProxyError::Overloaded),
     };
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let fingerprint = Fingerprint::new(
@@ -184,6 +193,7 @@ async fn buffer<S: Store, B: RequestBody>(
         parts,
         body,
         peer,
+        held,
     })
 }
 

@@ -14,6 +14,7 @@
 //! 6. `upstream.rs`: the pooled client, `send`, header rewriting; `body.rs`: body types.
 
 mod body;
+mod budget;
 mod claim;
 mod detach;
 mod exchange;
@@ -26,6 +27,7 @@ mod view;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -60,6 +62,8 @@ pub struct AppState<S> {
     tasks: TaskTracker,
     /// Bounds how many background retries run at once (`lease.rs`).
     retries: Arc<Semaphore>,
+    /// `max_buffered_bytes`: the bodies held in memory at once (`budget.rs`).
+    budget: Arc<budget::Budget>,
 }
 
 impl<S: Store> AppState<S> {
@@ -72,7 +76,15 @@ impl<S: Store> AppState<S> {
         let client = upstream::client(&config.upstream);
         store.register_metrics(metrics.registry_mut());
         let store = Timed::new(store, config.store.timeout, metrics.store_timings());
+        let budget = budget::Budget::new(config.max_buffered_bytes);
+        metrics.registry_mut().register_with_unit(
+            "idemgate_buffered",
+            "Request and response bodies held in memory (bounded by max_buffered_bytes)",
+            prometheus_client::registry::Unit::Bytes,
+            budget.gauge(),
+        );
         Self {
+            budget,
             config,
             store,
             client,
@@ -110,22 +122,32 @@ pub async fn serve<S: Store>(
     state: Arc<AppState<S>>,
     shutdown: impl Future<Output = ()>,
 ) -> Shutdown {
+    let header_timeout = state.config.listen_header_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(header_timeout)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
+    // Past `max_connections`, connections wait in the listen backlog (SPEC §15).
+    let open = Arc::new(Semaphore::new(state.config.max_connections));
     tokio::pin!(shutdown);
     loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&open).acquire_owned() => permit,
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = accept(&listener) => accepted,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
+        let head = HeadSeen::default();
+        let seen = head.clone();
         let svc = service_fn(move |req| {
+            seen.mark();
             let state = Arc::clone(&state);
             async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req, peer).await) }
         });
@@ -134,8 +156,15 @@ pub async fn serve<S: Store>(
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            if let Err(err) = conn.await {
-                tracing::debug!(error = %err, %peer, "connection ended with an error");
+            let _open = permit;
+            match head_deadline(conn, header_timeout, &head).await {
+                Some(Err(err)) => {
+                    tracing::debug!(error = %err, %peer, "connection ended with an error");
+                }
+                Some(Ok(())) => {}
+                None => {
+                    tracing::debug!(%peer, "closed: no request head within listen_header_timeout");
+                }
             }
         });
     }
@@ -156,6 +185,39 @@ pub async fn serve<S: Store>(
             );
             Shutdown::TimedOut
         }
+    }
+}
+
+/// Set by a connection's service at its first request: until then the connection has
+/// not sent one complete request head.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HeadSeen(Arc<AtomicBool>);
+
+impl HeadSeen {
+    pub(crate) fn mark(&self) {
+        if !self.0.load(Ordering::Relaxed) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Drives a connection to its end, but drops it (closing the socket) when no complete
+/// request head arrived within `limit`: HTTP/1 and HTTP/2 alike, and before the
+/// protocol is known, which hyper's own header timeout does not cover (SPEC §15).
+pub(crate) async fn head_deadline<F: Future>(
+    conn: F,
+    limit: Duration,
+    head: &HeadSeen,
+) -> Option<F::Output> {
+    tokio::pin!(conn);
+    tokio::select! {
+        out = &mut conn => return Some(out),
+        () = tokio::time::sleep(limit) => {}
+    }
+    if head.0.load(Ordering::Relaxed) {
+        Some(conn.await)
+    } else {
+        None
     }
 }
 

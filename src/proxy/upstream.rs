@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody, collect_capped};
+use super::budget::Held;
 use crate::config::UpstreamConfig;
 use crate::error::{BoxError, ProxyError, UnknownCause};
 
@@ -45,6 +46,8 @@ pub(crate) fn client(config: &UpstreamConfig) -> UpstreamClient {
     connector.enforce_http(true);
     Client::builder(TokioExecutor::new())
         .retry_canceled_requests(true)
+        // Without a timer the pool never closes an idle connection, whatever the timeout.
+        .pool_timer(hyper_util::rt::TokioTimer::new())
         .pool_idle_timeout(std::time::Duration::from_secs(30))
         .build(connector)
 }
@@ -100,8 +103,9 @@ pub(crate) async fn read_body(
     body: Incoming,
     limit: u64,
     deadline: Instant,
+    held: &mut Held,
 ) -> Result<Capped<Incoming>, Failure> {
-    match tokio::time::timeout_at(deadline, collect_capped(body, limit)).await {
+    match tokio::time::timeout_at(deadline, collect_capped(body, limit, held)).await {
         Err(_) => Err(Failure::Unknown {
             cause: UnknownCause::Timeout,
             source: None,
@@ -109,6 +113,11 @@ pub(crate) async fn read_body(
         Ok(Err(err)) => Err(Failure::Unknown {
             cause: UnknownCause::Reset,
             source: Some(err.into()),
+        }),
+        // A counting share never refuses; should one be passed, say so.
+        Ok(Ok(Capped::OverBudget)) => Err(Failure::Unknown {
+            cause: UnknownCause::Reset,
+            source: Some("max_buffered_bytes refused a response body".into()),
         }),
         Ok(Ok(capped)) => Ok(capped),
     }
