@@ -15,7 +15,7 @@ use idemgate::metrics::Outcome;
 use idemgate::store::RedisStore;
 use support::fault::{Fault, Relay};
 use support::redis::RedisServer;
-use support::{BASIC, Proxy, Resp, Upstream};
+use support::{BASIC, Proxy, Resp, Upstream, raw_exchange};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
@@ -427,27 +427,6 @@ async fn a_slow_redis_is_503_within_the_store_timeout_and_recovers() {
 
 /// Sends raw bytes, half-closes, and returns what came back before the proxy closed (an
 /// RST counts as closed). Fails if the proxy neither answers nor closes.
-async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    // The proxy may answer and close before it has read everything: that is fine.
-    let _ = stream.write_all(request).await;
-    let _ = stream.shutdown().await;
-    let mut out = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let read_all = async {
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), read_all)
-        .await
-        .expect("the proxy neither answered nor closed the connection");
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn malformed_requests_get_a_4xx_or_a_closed_connection_and_never_reach_the_upstream() {
     let up = Upstream::start().await;

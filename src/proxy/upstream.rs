@@ -2,6 +2,7 @@
 //! rewriting of RFC 9110 §7.6.1. Pass-through and the guarded exchange both send here.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -9,7 +10,7 @@ use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody, collect_capped};
@@ -36,19 +37,26 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// How long a pooled upstream connection may sit unused before it is closed.
+const POOL_IDLE: Duration = Duration::from_secs(30);
+
 /// A pooled HTTP/1.1 client. hyper retries a request only when the pooled connection
 /// closed before any byte of it was written (`retry_canceled_requests`), which can never
 /// execute it twice; every other failure is reported to us.
 pub(crate) fn client(config: &UpstreamConfig) -> UpstreamClient {
+    pooled(config.connect_timeout, POOL_IDLE)
+}
+
+fn pooled(connect_timeout: Duration, idle: Duration) -> UpstreamClient {
     let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(config.connect_timeout));
+    connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     connector.enforce_http(true);
     Client::builder(TokioExecutor::new())
         .retry_canceled_requests(true)
         // Without a timer the pool never closes an idle connection, whatever the timeout.
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(idle)
         .build(connector)
 }
 
@@ -298,5 +306,46 @@ mod tests {
             ProxyBody::empty(),
         );
         assert_eq!(req.headers()["x-forwarded-for"], "127.0.0.9");
+    }
+
+    /// A pooled connection left unused past the idle timeout is closed: without a timer
+    /// the pool kept every one of them open for good.
+    #[tokio::test]
+    async fn an_idle_pooled_connection_is_closed() {
+        use hyper::server::conn::http1;
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (closed, mut closes) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(ProxyBody::empty()))
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                    let _ = closed.send(());
+                });
+            }
+        });
+        let client = pooled(Duration::from_secs(1), Duration::from_millis(200));
+        let uri: Uri = format!("http://{addr}/").parse().expect("uri");
+        let response = client
+            .request(Request::get(uri).body(ProxyBody::empty()).expect("request"))
+            .await
+            .expect("response");
+        assert_eq!(response.status(), 200);
+        drop(response);
+        tokio::time::timeout(Duration::from_secs(10), closes.recv())
+            .await
+            .expect("the idle connection was never closed")
+            .expect("server task");
     }
 }

@@ -24,7 +24,9 @@ use idemgate::config::Config;
 use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
 use idemgate::store::{MemoryStore, RedisStore, Store};
-use tokio::net::TcpListener;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -171,6 +173,10 @@ pub struct TestClient {
 }
 
 impl TestClient {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     pub fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
@@ -228,4 +234,40 @@ impl TestClient {
         )
         .await
     }
+}
+
+/// Writes `request` as raw bytes (what an HTTP client would normalise), half-closes,
+/// and returns everything the proxy answered before it closed.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    raw(addr, request, true).await
+}
+
+/// Writes `request` (which should say `connection: close`) as raw bytes and returns
+/// everything the proxy answered before it closed; the write side stays open, so a
+/// request that is forwarded is not taken for an abandoned one.
+pub async fn raw_request(addr: SocketAddr, request: &[u8]) -> String {
+    raw(addr, request, false).await
+}
+
+async fn raw(addr: SocketAddr, request: &[u8], half_close: bool) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    // The proxy may answer and close before it has read everything: that is fine.
+    let _ = stream.write_all(request).await;
+    if half_close {
+        let _ = stream.shutdown().await;
+    }
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read_all = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_all)
+        .await
+        .expect("the proxy neither answered nor closed the connection");
+    String::from_utf8_lossy(&out).into_owned()
 }
