@@ -139,10 +139,6 @@ pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
         if !held.fill(data.len() as u64) {
             return Ok(Capped::OverBudget);
         }
-        if first.is_some() && buf.capacity() == 0 {
-            buf.reserve(usize::try_from(expected).unwrap_or(0));
-        }
-        // A single-frame body is kept as it came, without a copy.
         let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
         if (held + data.len()) as u64 > limit {
             if let Some(f) = first.take() {
@@ -154,8 +150,15 @@ pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
                 rest: body,
             });
         }
+        // A body that arrives in one frame is kept as it came, without a copy. One that
+        // arrives in pieces is copied into a buffer of its declared size, so that no
+        // piece keeps a larger read buffer of hyper's alive meanwhile.
+        let whole = expected == 0 || data.len() as u64 >= expected;
+        if buf.capacity() == 0 && (first.is_some() || !whole) {
+            buf.reserve(usize::try_from(expected).unwrap_or(0));
+        }
         match first.take() {
-            None if buf.is_empty() => first = Some(data),
+            None if buf.is_empty() && whole => first = Some(data),
             None => buf.extend_from_slice(&data),
             Some(f) => {
                 buf.extend_from_slice(&f);
