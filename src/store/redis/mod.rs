@@ -286,6 +286,34 @@ impl RedisStore {
     }
 }
 
+/// Redis refused a write because it is at `maxmemory` (and may not evict).
+fn out_of_memory(err: &redis::RedisError) -> bool {
+    err.code() == Some("OOM")
+}
+
+/// SPEC §15: a full Redis refuses the claim's write even when the key already holds a
+/// record, but still answers reads. What is there is returned, so that a completed key
+/// is replayed (or refused as in flight or reused) instead of following
+/// `on_unavailable`, which under `pass_through` would execute it again. Nothing there:
+/// the refusal stands, and a new key follows `on_unavailable`.
+async fn read_when_full(
+    conn: &mut Conn,
+    key: &str,
+    refused: redis::RedisError,
+) -> Result<Record, StoreError> {
+    let stored: Value = redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(unavailable)?;
+    match stored {
+        Value::BulkString(record) => {
+            Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)
+        }
+        _ => Err(unavailable(refused)),
+    }
+}
+
 /// `CONFIG GET` answers a map under RESP3 and a flat list under RESP2.
 fn config_value(reply: &Value) -> Option<String> {
     let text = |v: &Value| match v {
@@ -348,8 +376,19 @@ impl Store for RedisStore {
                     .invoke_async(&mut conn)
                     .await
             }
-        }
-        .map_err(unavailable)?;
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(refused) if out_of_memory(&refused) => {
+                return read_when_full(&mut conn, &key, refused)
+                    .await
+                    .map(|record| Claim::Existing {
+                        record,
+                        now_ms: now,
+                    });
+            }
+            Err(err) => return Err(unavailable(err)),
+        };
         match reply {
             Value::Nil => Ok(Claim::Acquired(Lease {
                 key: req.key,
