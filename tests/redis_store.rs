@@ -147,13 +147,18 @@ async fn a_redis_7_server_is_asked_its_version_once_then_claimed_natively() {
     let _ = monitor.sent().await;
 
     let _ = acquire(&s, key(1)).await;
-    assert_eq!(monitor.sent().await, ["INFO", "SET"]);
+    // Each claim is the native SET with its check pipelined behind it.
+    assert_eq!(monitor.sent().await, ["INFO", "SET", "GETRANGE"]);
     assert!(matches!(
         s.claim(req(key(1))).await.expect("claim"),
         Claim::Existing { .. }
     ));
     let _ = acquire(&s, key(2)).await;
-    assert_eq!(monitor.sent().await, ["SET", "SET"], "the version is known");
+    assert_eq!(
+        monitor.sent().await,
+        ["SET", "GETRANGE", "SET", "GETRANGE"],
+        "the version is known"
+    );
 }
 
 /// After a disconnection the server may be another one: it is asked again.

@@ -287,6 +287,18 @@ pub(crate) fn nginx_conf(listen: u16, upstream: SocketAddr, dir: &Path) -> Strin
 /// top-level `SET ... NX GET`, and scripts write with `SET` too; see `command_delta`.
 const INSIDE_SCRIPTS: [&str; 6] = ["get", "time", "publish", "del", "pttl", "pexpire"];
 
+/// Commands idemgate pipelines behind another, in the same round trip: the `GETRANGE`
+/// that proves the native claim's `SET ... NX GET` wrote (src/store/redis/claim.rs).
+const PIPELINED: [&str; 1] = ["getrange"];
+
+/// Round trips among top-level commands: every one but those pipelined behind another.
+pub(crate) fn round_trips(top: &BTreeMap<String, u64>) -> u64 {
+    top.iter()
+        .filter(|(name, _)| !PIPELINED.contains(&name.as_str()))
+        .map(|(_, calls)| calls)
+        .sum()
+}
+
 /// Calls per command from `INFO commandstats`, over a raw RESP connection.
 pub(crate) async fn command_stats(port: u16) -> Result<BTreeMap<String, u64>, BoxError> {
     let fetch = async {

@@ -23,7 +23,7 @@ pub(crate) struct Row {
 /// What the Redis target sent to Redis during a run (warm-up included).
 #[derive(Debug)]
 pub(crate) struct RedisUse {
-    /// Top-level commands per request: each one a round trip.
+    /// Round trips per request: top-level commands, but those pipelined behind another.
     pub(crate) round_trips: f64,
     /// Commands the Lua scripts ran, per request.
     pub(crate) inside_scripts: f64,
@@ -71,7 +71,7 @@ impl Row {
             let want = scenario.redis_commands();
             if redis.round_trips.round() as u64 != want {
                 problems.push(format!(
-                    "{:.2} Redis commands per request ({}), want {want} (SPEC §5)",
+                    "{:.2} Redis round trips per request ({}), want {want} (SPEC §5)",
                     redis.round_trips,
                     if redis.commands.is_empty() {
                         "none"
@@ -169,7 +169,7 @@ fn ratio(value: f64, of: f64) -> f64 {
 
 fn table(rows: &[Row]) {
     println!(
-        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis cmds/req | redis CPU µs/req | other load (CPUs) |"
+        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis round trips/req | redis CPU µs/req | other load (CPUs) |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
@@ -205,7 +205,7 @@ fn cpu_notes(rows: &[Row]) {
     for row in rows {
         if let Some(redis) = &row.redis {
             println!(
-                "redis, {}: top-level commands (each a round trip): {}; {:.2} more per request inside the scripts",
+                "redis, {}: top-level commands (each a round trip, but a pipelined getrange): {}; {:.2} more per request inside the scripts",
                 row.scenario.name(),
                 if redis.commands.is_empty() {
                     "none"

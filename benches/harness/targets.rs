@@ -244,7 +244,7 @@ impl Target {
                     let (top, inside) = procs::command_delta(&before, &after);
                     let per = |n: u64| n as f64 / outcome.completed.max(1) as f64;
                     redis = Some(report::RedisUse {
-                        round_trips: per(top.values().sum()),
+                        round_trips: per(procs::round_trips(&top)),
                         inside_scripts: per(inside),
                         commands: top
                             .iter()

@@ -236,15 +236,18 @@ impl Running {
         assert!(status.success(), "kill -TERM {pid} failed: {status}");
     }
 
-    /// Waits (at most [`LIMIT`]) for the child to exit.
+    /// Waits (at most [`LIMIT`]) for the child to exit, then for the rest of its stderr:
+    /// its last lines may still be in the pipe when it has been reaped.
     pub async fn wait_exit(&mut self) -> ExitStatus {
-        match tokio::time::timeout(LIMIT, self.child.wait()).await {
+        let status = match tokio::time::timeout(LIMIT, self.child.wait()).await {
             Ok(status) => status.expect("wait for idemgate"),
             Err(_) => panic!(
                 "idemgate still running {LIMIT:?} after the signal:\n{}",
                 self.stderr()
             ),
-        }
+        };
+        self.stderr_to_end().await;
+        status
     }
 
     /// SIGKILL: a crash, nothing is finished or recorded.

@@ -5,6 +5,7 @@
 
 pub mod bin;
 pub mod chaos;
+pub mod fake_redis;
 pub mod fault;
 pub mod monitor;
 pub mod redis;

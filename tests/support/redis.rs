@@ -5,6 +5,8 @@
 //! Readiness and `redis-cli` deadlines use the wall clock on purpose: a test that pauses
 //! tokio's clock must still wait for a real process, not for an auto-advanced timer.
 
+mod fill;
+
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

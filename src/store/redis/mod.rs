@@ -1,13 +1,15 @@
 //! The Redis store: shared state for any number of replicas (SPEC §5).
 //!
 //! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
-//! cluster slot. The hot path is one command per replay (the native `SET NX PX GET`
-//! claim, which returns the record) and two per first execution (claim, then the
-//! `complete` script); on Redis before 7 the claim is a script too (`version.rs`). The
-//! owner-checked scripts run by SHA and are reloaded by redis-rs after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe to a per-key channel over
-//! RESP3 on the same multiplexed connection; the scripts publish on it when the key
-//! changes.
+//! cluster slot. The hot path is one round trip per replay (the claim, which returns the
+//! record) and two per first execution (claim, then the `complete` script). On Redis 7
+//! the claim is the native `SET NX PX GET`, with a `GETRANGE` pipelined behind it that
+//! proves the write (`claim.rs`); before 7 it is a script (`version.rs`). The
+//! owner-checked scripts run by SHA and are reloaded by redis-rs after `NOSCRIPT`.
+//! Waiters (`on_concurrent: wait`) subscribe to a per-key channel over RESP3 on the same
+//! multiplexed connection; the scripts publish on it when the key changes.
 
+mod claim;
 mod version;
 mod watch;
 
@@ -24,7 +26,8 @@ use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
-use version::{ClaimMode, ClaimWith};
+use claim::Found;
+use version::ClaimMode;
 pub use watch::RedisWatch;
 use watch::Watchers;
 
@@ -325,44 +328,21 @@ impl Store for RedisStore {
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
         let ttl = millis(req.marker_ttl());
-        // One native command: write the marker if the key is free, else return what is
-        // there. Redis before 7.0 refuses NX with GET; a script does the same there.
-        let reply = match with {
-            ClaimWith::Native => {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&marker[..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl)
-                    .arg("GET")
-                    .query_async::<Value>(&mut conn)
-                    .await
-            }
-            ClaimWith::Script => {
-                self.scripts
-                    .claim
-                    .key(&key)
-                    .arg(&marker[..])
-                    .arg(ttl)
-                    .invoke_async(&mut conn)
-                    .await
-            }
-        }
-        .map_err(unavailable)?;
-        match reply {
-            Value::Nil => Ok(Claim::Acquired(Lease {
+        match self
+            .write_claim(&mut conn, with, &key, &marker, ttl)
+            .await?
+        {
+            Found::Ours => Ok(Claim::Acquired(Lease {
                 key: req.key,
                 token: req.token,
             })),
-            Value::BulkString(record) => {
+            Found::Record(record) => {
                 let record = Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)?;
                 Ok(Claim::Existing {
                     record,
                     now_ms: now,
                 })
             }
-            _ => Err(StoreError::Protocol("unexpected claim reply")),
         }
     }
 
