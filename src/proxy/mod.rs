@@ -128,6 +128,10 @@ pub async fn serve<S: Store>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
+        // Each open connection keeps a read buffer of up to this size; hyper's default
+        // (about 400 KiB) made stalled connections cost far more than their bodies. It
+        // also bounds a request head: a larger one is answered 431.
+        .max_buf_size(64 * 1024)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     // Past `max_connections`, connections wait in the listen backlog (SPEC §15).
