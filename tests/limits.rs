@@ -160,3 +160,44 @@ async fn stalled_bodies_are_bounded_and_the_next_one_is_told_to_come_back() {
     );
     assert_eq!(up.count(), 2);
 }
+
+/// Sends one keep-alive GET on a new connection and reads its answer head.
+async fn served_connection(addr: std::net::SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("answered")
+            .expect("read");
+        assert!(n > 0, "closed without an answer");
+        head.extend_from_slice(&chunk[..n]);
+    }
+    stream
+}
+
+#[tokio::test]
+async fn past_max_connections_a_new_connection_waits_until_one_closes() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start("upstream:\n  url: {upstream}\nmax_connections: 2\n", &up).await;
+    let first = served_connection(proxy.addr).await;
+    let _second = served_connection(proxy.addr).await;
+    // The third connection is accepted by the kernel's backlog, not by the proxy.
+    let mut third = tokio::spawn(served_connection(proxy.addr));
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut third).await;
+    assert!(
+        early.is_err(),
+        "a third connection was served while two were open"
+    );
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("served once a connection closed")
+        .expect("task");
+    assert_eq!(up.count(), 3);
+}
