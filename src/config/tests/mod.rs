@@ -9,6 +9,7 @@ use super::*;
 
 mod errors;
 mod examples;
+mod limits;
 
 fn no_env(_: &str) -> Option<String> {
     None
