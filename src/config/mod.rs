@@ -6,7 +6,7 @@
 //!
 //! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
 //! 2. `interp` replaces `${VAR}` in every string scalar (not in comments, which the
-//!    YAML parser has already dropped);
+//!    YAML parser has already dropped), and `$${` with a literal `${`;
 //! 3. `raw` deserializes the value into structs that deny unknown keys, using
 //!    `values` to parse units, enums and addresses, with `serde_path_to_error`
 //!    recording where each one was (`policy` declares the keys that `idempotency`
@@ -206,6 +206,7 @@ impl Config {
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
     /// back to an equal `Config`, except that store passwords are printed as `***`.
+    /// A `${` in a value is printed `$${`, which loads back as `${` (not a variable).
     ///
     /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
     /// Routes print only the keys in which they differ from `idempotency`.
