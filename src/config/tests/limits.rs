@@ -1,10 +1,174 @@
-//! The nesting count of `limits` agrees with the YAML parser, style by style and on
-//! generated documents.
+//! SPEC §15 limits on the file: its size, its nesting in every style, and a nesting
+//! count that agrees with the YAML parser, style by style and on generated documents.
 
 use proptest::prelude::*;
 use serde_yaml::{Mapping, Value};
 
+use super::*;
 use crate::config::limits::depth;
+
+/// `MINIMAL` padded with a comment to exactly `len` bytes.
+fn padded_to(len: usize) -> String {
+    let mut text = MINIMAL.to_owned();
+    text.push('#');
+    text.push_str(&"x".repeat(len - text.len() - 1));
+    text.push('\n');
+    assert_eq!(text.len(), len);
+    text
+}
+
+/// SPEC §15: a configuration above 1 MiB is refused before it is parsed, given as text
+/// or as a file (then naming the file).
+#[test]
+fn a_configuration_above_one_mib_is_refused() {
+    assert_eq!(parse_ok(&padded_to(1 << 20)), parse_ok(MINIMAL));
+    let message = parse(&padded_to((1 << 20) + 1)).unwrap_err().to_string();
+    assert!(
+        message.starts_with("(document): larger than 1 MiB"),
+        "{message}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("idemgate-config-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("big.yaml");
+    std::fs::write(&path, padded_to(1 << 20)).unwrap();
+    assert_eq!(Config::from_file(&path).unwrap(), parse_ok(MINIMAL));
+    std::fs::write(&path, padded_to(3 << 20)).unwrap();
+    let message = Config::from_file(&path).unwrap_err().to_string();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        message.starts_with(&format!("{}: larger than 1 MiB", path.display())),
+        "{message}"
+    );
+}
+
+/// Ways to nest a document: a name, the text nested exactly `depth` levels deep, and
+/// the deepest level worth trying (indentation grows as the square of the depth).
+type Nesting = (&'static str, fn(usize) -> String, usize);
+
+const NESTING_STYLES: [Nesting; 10] = [
+    (
+        "flow sequences",
+        |d| format!("upstream: {}{}\n", "[".repeat(d - 1), "]".repeat(d - 1)),
+        100_000,
+    ),
+    (
+        "flow mappings",
+        |d| format!("upstream: {}x{}\n", "{a: ".repeat(d - 1), "}".repeat(d - 1)),
+        100_000,
+    ),
+    (
+        "a top-level flow sequence",
+        |d| format!("{}{}\n", "[".repeat(d), "]".repeat(d)),
+        100_000,
+    ),
+    (
+        "single-pair mappings in flow sequences",
+        |d| {
+            let pairs = (d - 1) / 2;
+            let inner = if (d - 1) % 2 == 1 { "[x]" } else { "x" };
+            format!(
+                "upstream: {}{inner}{}\n",
+                "[a: ".repeat(pairs),
+                "]".repeat(pairs)
+            )
+        },
+        100_000,
+    ),
+    (
+        "compact block sequences",
+        |d| format!("{}x\n", "- ".repeat(d)),
+        100_000,
+    ),
+    (
+        "compact explicit keys",
+        |d| format!("{}x\n", "? ".repeat(d)),
+        100_000,
+    ),
+    (
+        "block sequences by indentation",
+        |d| {
+            let lines: String = (0..d).map(|i| format!("{}-\n", "  ".repeat(i))).collect();
+            format!("{lines}{}x\n", "  ".repeat(d))
+        },
+        1000,
+    ),
+    (
+        "block mappings by indentation",
+        |d| {
+            let lines: String = (0..d).map(|i| format!("{}k:\n", " ".repeat(i))).collect();
+            format!("{lines}{}x\n", " ".repeat(d))
+        },
+        1000,
+    ),
+    (
+        "indentless sequences under keys",
+        |d| {
+            let pairs = (d - 1) / 2;
+            let lines: String = (0..pairs)
+                .map(|i| format!("{}- a:\n", "  ".repeat(i)))
+                .collect();
+            let last = if (d - 1) % 2 == 1 { "- x" } else { " x" };
+            format!("a:\n{lines}{}{last}\n", "  ".repeat(pairs))
+        },
+        1000,
+    ),
+    (
+        "block and flow mixed",
+        |d| format!("a:\n- {}{}\n", "[".repeat(d - 2), "]".repeat(d - 2)),
+        100_000,
+    ),
+];
+
+/// SPEC §15: a document nested deeper than 64 levels is refused in every style, naming
+/// the line and column where the level too many opens; 64 levels are parsed as usual.
+/// 100 000 levels of flow collections used to take minutes to be refused.
+#[test]
+fn nesting_deeper_than_64_levels_is_refused_in_every_style() {
+    for (style, nested, deepest) in NESTING_STYLES {
+        if let Err(err) = parse(&nested(64)) {
+            let message = err.to_string();
+            assert!(!message.contains("nested deeper"), "{style}: {message}");
+        }
+        for depth in [65, 100, 1000, 100_000]
+            .into_iter()
+            .filter(|d| *d <= deepest)
+        {
+            let message = parse(&nested(depth)).unwrap_err().to_string();
+            assert!(
+                message.starts_with("line ") && message.contains(": nested deeper than 64 levels"),
+                "{style}, {depth} levels: {message}"
+            );
+        }
+    }
+    let message = parse(&NESTING_STYLES[0].1(65)).unwrap_err().to_string();
+    assert_eq!(message, "line 1 column 74: nested deeper than 64 levels");
+    let message = parse(&NESTING_STYLES[7].1(65)).unwrap_err().to_string();
+    assert_eq!(message, "line 65 column 65: nested deeper than 64 levels");
+}
+
+/// Brackets, dashes and indentation inside strings, comments and block scalars are
+/// not nesting.
+#[test]
+fn brackets_in_strings_comments_and_block_scalars_are_not_nesting() {
+    let deep = "[{".repeat(100);
+    for value in [
+        format!("\"{deep}\""),
+        format!("'{deep}'"),
+        format!("a{deep}"),
+        format!("\"a\\\"{deep}\""),
+        format!("'it''s {deep}'"),
+        format!("\"{deep}\n    {deep}\""),
+        format!("|\n    {deep}\n      - - - x\n    {deep}"),
+        format!(">-\n    {deep}\n\n    {deep}"),
+    ] {
+        let text = with_minimal(&format!(
+            "# {deep}\nstore:  # {deep}\n  key_prefix: {value}\n"
+        ));
+        let config = parse_ok(&text);
+        assert!(config.store.key_prefix.contains(&deep), "{text}");
+    }
+}
 
 /// How deep a parsed document is nested: a top-level mapping is 1.
 fn value_depth(value: &Value) -> usize {
