@@ -76,6 +76,32 @@ async fn check_output_is_a_config_file_that_checks_to_itself() {
     assert_eq!(second.stdout, first.stdout);
 }
 
+/// SPEC §15: a `${` in a value (here from a variable) is printed `$${`, so the output
+/// still checks to itself, with no variable set.
+#[tokio::test]
+async fn check_output_keeps_a_dollar_brace_from_the_environment() {
+    let file = TempConfig::new(&format!(
+        "{MINIMAL}store:\n  key_prefix: ${{IDEMGATE_TEST_PREFIX}}\n"
+    ));
+    let first = run(idemgate()
+        .env("IDEMGATE_TEST_PREFIX", "app${TENANT}$x")
+        .arg("--config")
+        .arg(file.path())
+        .arg("--check"))
+    .await;
+    assert_eq!(first.code(), Some(0), "stderr: {}", first.stderr);
+    assert!(
+        first.stdout.contains("key_prefix: app$${TENANT}$x"),
+        "{}",
+        first.stdout
+    );
+
+    let printed = TempConfig::new(&first.stdout);
+    let second = check(&printed).await;
+    assert_eq!(second.code(), Some(0), "stderr: {}", second.stderr);
+    assert_eq!(second.stdout, first.stdout);
+}
+
 #[tokio::test]
 async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
     let cases = [

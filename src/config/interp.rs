@@ -1,15 +1,20 @@
 //! `${VAR}` interpolation, applied to the parsed YAML value rather than the text so
 //! that comments are never touched and a substituted value can never change the
 //! document's structure (a password containing `: ` or `#` stays one string).
+//!
+//! `$${` is a literal `${` (SPEC §15): a value can hold one, and `--check`, which
+//! prints every `${` of a value as `$${`, prints a file that loads back to the same
+//! configuration. Substituted values are not interpolated again.
 
 use serde_yaml::Value;
 
 use super::ConfigError;
 
-/// Replaces `${NAME}` in every string scalar (not in keys) with `env(NAME)`.
+/// Replaces `${NAME}` in every string scalar (not in keys) with `env(NAME)`, and `$${`
+/// with `${`.
 ///
 /// An unset variable is an error, not an empty string: a silently empty password or
-/// host is worse than refusing to start. A lone `$` is kept as is.
+/// host is worse than refusing to start. Any other `$` is kept as is.
 pub(super) fn interpolate(
     value: &mut Value,
     env: &dyn Fn(&str) -> Option<String>,
@@ -73,6 +78,14 @@ fn substitute(
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
+        // Read from the left, a `$` right before `${` can only be the escape's: no
+        // earlier `$${` or `${NAME}` can end on it.
+        if let Some(before) = rest[..start].strip_suffix('$') {
+            out.push_str(before);
+            out.push_str("${");
+            rest = &rest[start + 2..];
+            continue;
+        }
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
         let Some(end) = after.find('}') else {
@@ -107,4 +120,30 @@ fn is_variable_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The text that interpolation reads back as `text`: each `${` written `$${`.
+pub(super) fn escape(text: &str) -> String {
+    text.replace("${", "$${")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// No variable is set: an escaped text refers to none, and reads back as is.
+        #[test]
+        fn escaped_text_reads_back_as_itself(
+            text in prop::collection::vec(
+                prop::sample::select(vec!["$", "{", "}", "${", "$${", "a", "_1"]),
+                0..12,
+            ).prop_map(|pieces| pieces.concat())
+        ) {
+            let read = substitute(&escape(&text), "key", &|_| None);
+            prop_assert_eq!(read.unwrap(), text);
+        }
+    }
 }

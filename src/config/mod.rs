@@ -1,11 +1,12 @@
 //! Typed, validated configuration.
 //!
 //! Loading runs in four steps, each in its own file, so that every error can name the
-//! field it is about:
+//! field it is about, after `limits` has refused a file too large or too deeply nested
+//! to be worth parsing (SPEC §15):
 //!
 //! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
 //! 2. `interp` replaces `${VAR}` in every string scalar (not in comments, which the
-//!    YAML parser has already dropped);
+//!    YAML parser has already dropped), and `$${` with a literal `${`;
 //! 3. `raw` deserializes the value into structs that deny unknown keys, using
 //!    `values` to parse units, enums and addresses, with `serde_path_to_error`
 //!    recording where each one was (`policy` declares the keys that `idempotency`
@@ -15,6 +16,7 @@
 //! `render` goes the other way for `--check`.
 
 mod interp;
+mod limits;
 mod policy;
 mod raw;
 mod render;
@@ -27,6 +29,7 @@ mod values;
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests;
 
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -136,8 +139,9 @@ pub enum LogFormat {
 ///
 /// The message starts with the full path of the offending field (`routes[1].ttl: ...`)
 /// so that an operator reading `--check` output knows where to look without a line
-/// number. Only a YAML syntax error, which precedes any field, starts with its line and
-/// column instead, and an I/O error with the file's path.
+/// number. Only a YAML syntax error or a nesting too deep, which precede any field, start
+/// with their line and column instead, and an I/O error or a file too large with the
+/// file's path.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// A key that is unknown, missing, of the wrong type or holding a bad value.
@@ -155,6 +159,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// Larger than 1 MiB or nested deeper than 64 levels (SPEC §15): refused before
+    /// parsing, whose time grows with the square of the nesting.
+    #[error("{location}: {message}")]
+    Limit { location: String, message: String },
 }
 
 impl ConfigError {
@@ -175,6 +183,8 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        limits::check_size(text.len(), "(document)")?;
+        limits::check_depth(text)?;
         let mut value: serde_yaml::Value =
             serde_yaml::from_str(text).map_err(|err| syntax_error(&err))?;
         // Merge keys (`<<: *defaults`) let routes share settings; resolve them before
@@ -190,11 +200,24 @@ impl Config {
     }
 
     /// Reads and parses a file, resolving `${VAR}` from the process environment.
+    ///
+    /// At most one byte more than the 1 MiB limit is read, so a huge file (or a device
+    /// that never ends) is refused at once.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let io = |source| ConfigError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|file| {
+                file.take(limits::MAX_BYTES as u64 + 1)
+                    .read_to_end(&mut bytes)
+            })
+            .map_err(io)?;
+        limits::check_size(bytes.len(), &path.display().to_string())?;
+        let text = String::from_utf8(bytes)
+            .map_err(|err| io(std::io::Error::new(std::io::ErrorKind::InvalidData, err)))?;
         Config::from_yaml_str(&text, &|name| std::env::var(name).ok())
     }
 
@@ -209,6 +232,7 @@ impl Config {
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
     /// back to an equal `Config`, except that store passwords are printed as `***`.
+    /// A `${` in a value is printed `$${`, which loads back as `${` (not a variable).
     ///
     /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
     /// Routes print only the keys in which they differ from `idempotency`.

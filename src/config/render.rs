@@ -1,7 +1,8 @@
 //! The effective configuration as YAML, for `--check`.
 //!
 //! Everything is printed, defaults included, in SPEC §6 order, so an operator sees
-//! what the proxy will actually do; the output parses back to an equal `Config`.
+//! what the proxy will actually do; the output parses back to an equal `Config`
+//! (every `${` in a value printed as `$${`, which loads back as `${`).
 //! The keys declared in `policy` and `sections` are printed by the `to_mapping` methods
 //! generated there, with the printers at the end of this file.
 
@@ -11,6 +12,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde_yaml::{Mapping, Value};
 
 use super::Config;
+use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
 
@@ -82,12 +84,32 @@ pub(super) fn to_yaml(config: &Config) -> String {
     );
     put(&mut root, "errors", config.errors.to_mapping());
 
-    serde_yaml::to_string(&Value::Mapping(root))
+    let mut root = Value::Mapping(root);
+    escape_interpolation(&mut root);
+    serde_yaml::to_string(&root)
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"))
 }
 
 fn put(map: &mut Mapping, key: &str, value: impl Into<Value>) {
     map.insert(key.into(), value.into());
+}
+
+/// Writes each `${` of a string value as `$${`, which loading reads back as `${`
+/// rather than as a variable (keys are not interpolated, nor printed with a `$`).
+///
+/// Done once over the whole document, so that no printer of a key can forget it.
+fn escape_interpolation(value: &mut Value) {
+    match value {
+        Value::String(text) => {
+            if text.contains("${") {
+                *text = interp::escape(text);
+            }
+        }
+        Value::Sequence(items) => items.iter_mut().for_each(escape_interpolation),
+        Value::Mapping(map) => map.iter_mut().for_each(|(_, v)| escape_interpolation(v)),
+        Value::Tagged(tagged) => escape_interpolation(&mut tagged.value),
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
 }
 
 // The printers below take the value by reference: the key declarations of `policy`

@@ -140,8 +140,20 @@ impl Visitor<'_> for ScalarVisitor {
     }
 }
 
-/// A duration greater than zero: every duration in the file is a TTL, a lease or a
-/// timeout, and zero would make each of them meaningless.
+/// The longest duration any key takes (SPEC §15): ten years as humantime counts them
+/// (`10y`, 365.25 days each), printed `87660h`.
+///
+/// No TTL, lease or timeout needs more, and the proxy adds each of them to
+/// `Instant::now()`, which panics on overflow: `lease: 18446744073709551615s` used to
+/// load and then kill every request task that computed its deadline.
+const MAX_DURATION: Duration = Duration::from_secs(10 * 31_557_600);
+
+/// The largest size any key takes (SPEC §15), 1 TiB (`1024GiB`): far above any body
+/// worth buffering, and far enough below `u64::MAX` that sums of sizes cannot overflow.
+const MAX_SIZE: u64 = 1 << 40;
+
+/// A duration greater than zero and at most [`MAX_DURATION`]: every duration in the
+/// file is a TTL, a lease or a timeout, and zero would make each of them meaningless.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dur(pub(super) Duration);
 
@@ -157,23 +169,41 @@ impl<'de> Deserialize<'de> for Dur {
         if duration.is_zero() {
             return Err(de::Error::custom("must be greater than zero"));
         }
+        if duration > MAX_DURATION {
+            return Err(de::Error::custom(format!(
+                "duration '{}' is more than 10 years ({}), the longest any key takes",
+                text.trim(),
+                units::format_duration(MAX_DURATION)
+            )));
+        }
         Ok(Dur(duration))
     }
 }
 
-/// A byte count: a YAML integer, or a string with an optional unit.
+/// A byte count of at most [`MAX_SIZE`]: a YAML integer, or a string with an optional
+/// unit.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Size(pub(super) u64);
 
 impl<'de> Deserialize<'de> for Size {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         const EXPECTING: &str = "a size such as 1MiB or a number of bytes";
-        match Scalar::read(d, EXPECTING)? {
-            Scalar::Str(text) => units::parse_size(&text)
-                .map(Size)
-                .map_err(de::Error::custom),
-            other => other.into_u64(EXPECTING).map(Size),
+        let (bytes, shown) = match Scalar::read(d, EXPECTING)? {
+            Scalar::Str(text) => {
+                let bytes = units::parse_size(&text).map_err(de::Error::custom)?;
+                (bytes, format!("'{}'", text.trim()))
+            }
+            other => {
+                let bytes = other.into_u64(EXPECTING)?;
+                (bytes, bytes.to_string())
+            }
+        };
+        if bytes > MAX_SIZE {
+            return Err(de::Error::custom(format!(
+                "size {shown} is more than 1 TiB (1024GiB), the largest any key takes"
+            )));
         }
+        Ok(Size(bytes))
     }
 }
 

@@ -96,6 +96,89 @@ fn bad_durations_name_their_field() {
     );
 }
 
+/// Every duration key, as a file with `V` for its value, and the path an error names.
+const DURATION_KEYS: [(&str, &str); 10] = [
+    ("shutdown_timeout: V\n", "shutdown_timeout"),
+    (
+        "upstream:\n  connect_timeout: V\n",
+        "upstream.connect_timeout",
+    ),
+    ("upstream:\n  timeout: V\n", "upstream.timeout"),
+    ("store:\n  timeout: V\n", "store.timeout"),
+    ("idempotency:\n  ttl: V\n", "idempotency.ttl"),
+    ("idempotency:\n  lease: V\n", "idempotency.lease"),
+    (
+        "idempotency:\n  wait_timeout: V\n",
+        "idempotency.wait_timeout",
+    ),
+    ("routes:\n  - path: /a\n    ttl: V\n", "routes[0].ttl"),
+    ("routes:\n  - path: /a\n    lease: V\n", "routes[0].lease"),
+    (
+        "routes:\n  - path: /a\n    wait_timeout: V\n",
+        "routes[0].wait_timeout",
+    ),
+];
+
+/// Every size key, as [`DURATION_KEYS`].
+const SIZE_KEYS: [(&str, &str); 4] = [
+    (
+        "idempotency:\n  max_request_body: V\n",
+        "idempotency.max_request_body",
+    ),
+    (
+        "idempotency:\n  max_response_body: V\n",
+        "idempotency.max_response_body",
+    ),
+    (
+        "routes:\n  - path: /a\n    max_request_body: V\n",
+        "routes[0].max_request_body",
+    ),
+    (
+        "routes:\n  - path: /a\n    max_response_body: V\n",
+        "routes[0].max_response_body",
+    ),
+];
+
+/// SPEC §15: a duration above 10 years or a size above 1 TiB is an error naming its
+/// key. A huge lease or timeout used to be accepted and to panic request tasks when
+/// added to `Instant::now()`.
+#[test]
+fn durations_above_ten_years_and_sizes_above_one_tib_are_refused() {
+    for (template, path) in DURATION_KEYS {
+        for value in ["18446744073709551615s", "10y 1s", "87661h", "3653d"] {
+            let message = error_at(&template.replace('V', value), path);
+            assert!(message.contains("more than 10 years"), "{message}");
+        }
+        for (value, secs) in [
+            ("10y", 315_576_000),
+            ("87660h", 315_576_000),
+            ("3652d", 315_532_800),
+        ] {
+            let config = parse_ok(&template.replace('V', value));
+            let yaml = config.to_yaml();
+            assert!(
+                yaml.contains(&format!(": {}h\n", secs / 3600)),
+                "{value}: {yaml}"
+            );
+        }
+    }
+    for (template, path) in SIZE_KEYS {
+        for value in [
+            "1025GiB",
+            "1099511627777",
+            "\"1099511627777\"",
+            "1100GB",
+            "18446744073709551615",
+        ] {
+            let message = error_at(&template.replace('V', value), path);
+            assert!(message.contains("more than 1 TiB"), "{message}");
+        }
+        for value in ["1024GiB", "1099511627776", "1099GB"] {
+            parse_ok(&template.replace('V', value));
+        }
+    }
+}
+
 #[test]
 fn bad_sizes_name_their_field() {
     let message = error_at(

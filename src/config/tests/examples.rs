@@ -132,6 +132,31 @@ fn to_yaml_round_trips_unusual_values() {
     }
 }
 
+/// SPEC §15: a `${` in a value, from a variable or from `$${`, is printed `$${`, so
+/// that `--check` output loads back to the same configuration.
+#[test]
+fn to_yaml_round_trips_dollar_braces_in_values() {
+    let env = env_map(&[("PREFIX", "app${TENANT}:"), ("USER", "u${x}")]);
+    let text = with_minimal(
+        "store:\n  kind: redis\n  key_prefix: ${PREFIX}\n  url: redis://${USER}:${USER}@h:1/0\n\
+         routes:\n  - path: /a$${b}$\n",
+    );
+    let config = Config::from_yaml_str(&text, &env).unwrap();
+    assert_eq!(config.store.key_prefix, "app${TENANT}:");
+    assert_eq!(config.routes[0].path, "/a${b}$");
+    let yaml = config.to_yaml();
+    assert!(yaml.contains("key_prefix: 'app$${TENANT}:'"), "{yaml}");
+    assert!(yaml.contains("redis://u$${x}:***@h:1/0"), "{yaml}");
+    let expected = Config {
+        store: StoreConfig {
+            urls: config.store.redacted_urls(),
+            ..config.store.clone()
+        },
+        ..config
+    };
+    assert_eq!(parse(&yaml).unwrap(), expected, "{yaml}");
+}
+
 #[test]
 fn to_yaml_prints_defaults_in_the_documented_units() {
     let yaml = parse_ok(MINIMAL).to_yaml();
@@ -180,6 +205,54 @@ fn to_yaml_never_prints_store_passwords() {
     ))
     .unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+/// Text rich in what interpolation and YAML quoting look at.
+fn dollar_text(max: usize) -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop::sample::select(vec![
+            "$", "${", "$${", "}", "{", "a", "B_1", " ", ":", "#", "'", "\"", "\\", "-", "é",
+        ]),
+        0..max,
+    )
+    .prop_map(|pieces| pieces.concat())
+}
+
+proptest! {
+    /// SPEC §15: `--check` output loads back to the same configuration whatever its
+    /// string values hold (store passwords aside, which it prints as `***`).
+    #[test]
+    fn to_yaml_round_trips_any_string_values(
+        key_prefix in dollar_text(8),
+        user in dollar_text(4).prop_map(|t| t.replace([':', '@', '/', '?', '#'], "")),
+        password in dollar_text(4).prop_map(|t| t.replace(['@', '/', '?', '#'], "")),
+        memory_url in dollar_text(6),
+        route in "(/[a-z${}]{1,4}){1,2}",
+        base_path in "(/[a-z$]{1,4})?",
+        level in prop::sample::select(vec!["info", "warn,idemgate=debug", "off"]),
+        redis in any::<bool>(),
+    ) {
+        let base = parse_ok(MINIMAL);
+        let (kind, url) = if redis {
+            (StoreKind::Redis, format!("redis://{user}:{password}@h:6379/0"))
+        } else {
+            (StoreKind::Memory, memory_url)
+        };
+        let upstream = values::parse_upstream_url(&format!("http://b:1{base_path}")).unwrap();
+        let config = Config {
+            upstream: UpstreamConfig { url: upstream, ..base.upstream.clone() },
+            store: StoreConfig { kind, urls: vec![url], key_prefix, ..base.store.clone() },
+            routes: vec![Route { path: route, policy: base.idempotency.clone() }],
+            log: LogConfig { level: level.to_owned(), ..base.log.clone() },
+            ..base
+        };
+        let yaml = config.to_yaml();
+        let expected = Config {
+            store: StoreConfig { urls: config.store.redacted_urls(), ..config.store.clone() },
+            ..config
+        };
+        prop_assert_eq!(parse(&yaml).map_err(|e| e.to_string()), Ok(expected), "{}", yaml);
+    }
 }
 
 proptest! {

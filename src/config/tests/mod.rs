@@ -9,6 +9,7 @@ use super::*;
 
 mod errors;
 mod examples;
+mod limits;
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -353,6 +354,28 @@ fn env_vars_are_interpolated_in_every_string() {
     assert!(config.store.cluster);
     assert_eq!(config.idempotency.scope_headers, [header("x-backend")]);
     assert_eq!(config.idempotency.ttl, secs(7 * 3600));
+}
+
+/// SPEC §15: `$${` is a literal `${`, so that a value can hold one (and `--check` can
+/// print one); any other `$` is kept as is.
+#[test]
+fn a_doubled_dollar_before_a_brace_is_a_literal() {
+    let env = env_map(&[("X", "v"), ("LITERAL", "${X}")]);
+    for (written, loaded) in [
+        ("$${HOME}", "${HOME}"),
+        ("a$${", "a${"),
+        ("$$${X}", "$${X}"),
+        ("$${${X}", "${v"),
+        ("$$$${X}}", "$$${X}}"),
+        ("${X}$${X}$", "v${X}$"),
+        ("$$ $ {X} $", "$$ $ {X} $"),
+        // A substituted value is not interpolated again.
+        ("${LITERAL}", "${X}"),
+    ] {
+        let text = with_minimal(&format!("store:\n  key_prefix: '{written}'\n"));
+        let config = Config::from_yaml_str(&text, &env).unwrap();
+        assert_eq!(config.store.key_prefix, loaded, "{written}");
+    }
 }
 
 #[test]
