@@ -9,11 +9,11 @@ use idemgate::config::Config;
 use idemgate::idempotency::{Fingerprint, IdempotencyKey, OwnerToken, ScopedKey};
 use idemgate::metrics::StoreOp;
 use idemgate::store::{ClaimRequest, MemoryStore, Store};
-use support::stall::{Stalling, When};
+use support::stall::{Stalling, When, stalling};
 use support::{Proxy, Upstream};
 
 /// A proxy whose store stalls `op`, from YAML with `{upstream}`.
-async fn stalling(
+async fn stalling_proxy(
     yaml: &str,
     up: &Upstream,
     op: StoreOp,
@@ -21,7 +21,7 @@ async fn stalling(
 ) -> Proxy<Stalling<MemoryStore>> {
     let yaml = yaml.replace("{upstream}", &up.url());
     let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
-    let store = Stalling::new(MemoryStore::new(1000), op, when);
+    let store = stalling(MemoryStore::new(1000), op, when);
     Proxy::with_store(config, store).await
 }
 
@@ -70,7 +70,7 @@ async fn a_renewal_that_hangs_does_not_hold_back_the_upstream_deadline() {
     let up = Upstream::start().await;
     // A renewal is due after 50 ms; it never answers, and the store's own deadline is
     // far away. The upstream's deadline (300 ms) must still end the exchange on time.
-    let proxy = stalling(
+    let proxy = stalling_proxy(
         "upstream:\n  url: {upstream}\n  timeout: 300ms\nstore:\n  timeout: 20s\nidempotency:\n  lease: 150ms\n",
         &up,
         StoreOp::Renew,
@@ -91,7 +91,7 @@ async fn a_renewal_that_hangs_does_not_hold_back_the_upstream_deadline() {
 #[tokio::test]
 async fn a_take_over_that_timed_out_is_released_under_release() {
     let up = Upstream::start().await;
-    let proxy = stalling(
+    let proxy = stalling_proxy(
         "upstream:\n  url: {upstream}\nstore:\n  timeout: 200ms\nidempotency:\n  on_unknown_outcome: release\n",
         &up,
         StoreOp::TakeOver,
@@ -118,7 +118,7 @@ async fn a_take_over_that_timed_out_is_released_under_release() {
 #[tokio::test]
 async fn a_take_over_that_timed_out_records_outcome_unknown_under_record() {
     let up = Upstream::start().await;
-    let proxy = stalling(
+    let proxy = stalling_proxy(
         "upstream:\n  url: {upstream}\nstore:\n  timeout: 200ms\n",
         &up,
         StoreOp::TakeOver,
@@ -145,7 +145,7 @@ async fn a_take_over_that_timed_out_records_outcome_unknown_under_record() {
 #[tokio::test]
 async fn a_claim_that_timed_out_is_released_in_the_background() {
     let up = Upstream::start().await;
-    let proxy = stalling(
+    let proxy = stalling_proxy(
         "upstream:\n  url: {upstream}\nstore:\n  timeout: 200ms\n",
         &up,
         StoreOp::Claim,
@@ -158,6 +158,6 @@ async fn a_claim_that_timed_out_is_released_in_the_background() {
         m.orphans_released() == 1
     })
     .await;
-    assert!(proxy.state.store.inner.is_empty());
+    assert!(proxy.state.store.is_empty());
     assert_eq!(up.count(), 0);
 }

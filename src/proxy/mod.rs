@@ -40,7 +40,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Policy};
 use crate::metrics::Metrics;
-use crate::store::{Store, Timed};
+use crate::store::{Deadline, Store, Timed};
 pub use body::{ProxyBody, RequestBody};
 pub use handler::handle;
 pub use upstream::UpstreamClient;
@@ -75,7 +75,8 @@ impl<S: Store> AppState<S> {
     pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
         let client = upstream::client(&config.upstream);
         store.register_metrics(metrics.registry_mut());
-        let store = Timed::new(store, config.store.timeout, metrics.store_timings());
+        let deadline = Deadline::new(config.store.timeout, metrics.store_timings());
+        let store = Timed::new(store, deadline);
         let budget = budget::Budget::new(config.max_buffered_bytes);
         metrics.registry_mut().register_with_unit(
             "idemgate_buffered",

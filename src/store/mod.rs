@@ -14,7 +14,7 @@ mod timed;
 
 pub use memory::{Clock, MemoryStore, MemoryWatch, TokioClock};
 pub use redis::{RedisStore, RedisWatch};
-pub use timed::Timed;
+pub use timed::{Around, Deadline, Layered, Timed};
 
 /// What a claim attempt is for.
 #[derive(Debug, Clone, Copy)]

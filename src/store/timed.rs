@@ -1,6 +1,8 @@
-//! The deadline and the latency histogram of every store call, as a decorator around
-//! any [`Store`], the way tower-http puts a timeout in a layer: the proxy talks to a
-//! `Timed<S>` and never times a call by hand.
+//! Decorators around any [`Store`], the way tower puts a timeout in a layer: an
+//! [`Around`] wraps every call of a [`Layered`] store. [`Deadline`] puts `store.timeout`
+//! and the latency histogram on every call, so the proxy talks to a [`Timed`] store and
+//! never times a call by hand; tests wrap the real stores in layers of their own (a call
+//! that stops answering) the same way.
 
 use std::future::Future;
 use std::pin::pin;
@@ -12,30 +14,61 @@ use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
 
-/// A store whose every call ends within `limit` (as [`StoreError::Timeout`]) and is
-/// observed in `idemgate_store_duration_seconds{op}`.
+/// What a layer does around each store call, named by its operation.
+pub trait Around: Send + Sync + 'static {
+    fn around<T: Send>(
+        &self,
+        op: StoreOp,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send;
+}
+
+/// A store whose every call goes through `around`.
 #[derive(Debug)]
-pub struct Timed<S> {
+pub struct Layered<S, A> {
     inner: S,
+    around: A,
+}
+
+impl<S: Store, A: Around> Layered<S, A> {
+    pub fn new(inner: S, around: A) -> Self {
+        Self { inner, around }
+    }
+}
+
+/// The backend's own methods (its size, its gauges) stay reachable; every [`Store`] call
+/// goes through the layer, whose methods take precedence.
+impl<S, A> std::ops::Deref for Layered<S, A> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// A store whose every call ends within `store.timeout` and is timed.
+pub type Timed<S> = Layered<S, Deadline>;
+
+/// Every call ends within `limit` (as [`StoreError::Timeout`]) and is observed in
+/// `idemgate_store_duration_seconds{op}`.
+#[derive(Debug)]
+pub struct Deadline {
     limit: Duration,
     timings: StoreTimings,
 }
 
-impl<S: Store> Timed<S> {
-    pub fn new(inner: S, limit: Duration, timings: StoreTimings) -> Self {
-        Self {
-            inner,
-            limit,
-            timings,
-        }
+impl Deadline {
+    pub fn new(limit: Duration, timings: StoreTimings) -> Self {
+        Self { limit, timings }
     }
+}
 
-    /// Runs one call under the deadline, and times it. A call that is done at once (the
-    /// memory store) never arms a timer.
-    async fn call<T>(
+impl Around for Deadline {
+    /// A call that is done at once (the memory store) never arms a timer.
+    async fn around<T: Send>(
         &self,
         op: StoreOp,
-        call: impl Future<Output = Result<T, StoreError>>,
+        call: impl Future<Output = Result<T, StoreError>> + Send,
     ) -> Result<T, StoreError> {
         let started = tokio::time::Instant::now();
         let mut call = pin!(call);
@@ -51,21 +84,13 @@ impl<S: Store> Timed<S> {
     }
 }
 
-/// The backend's own methods (its size, its gauges) stay reachable; every [`Store`] call
-/// goes through the decorator, whose methods take precedence.
-impl<S> std::ops::Deref for Timed<S> {
-    type Target = S;
-
-    fn deref(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: Store> Store for Timed<S> {
+impl<S: Store, A: Around> Store for Layered<S, A> {
     type Watch = S::Watch;
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        self.call(StoreOp::Claim, self.inner.claim(req)).await
+        self.around
+            .around(StoreOp::Claim, self.inner.claim(req))
+            .await
     }
 
     async fn complete(
@@ -74,17 +99,18 @@ impl<S: Store> Store for Timed<S> {
         record: Arc<Completed>,
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
-        self.call(StoreOp::Complete, self.inner.complete(lease, record, ttl))
-            .await
+        let call = self.inner.complete(lease, record, ttl);
+        self.around.around(StoreOp::Complete, call).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        self.call(StoreOp::Release, self.inner.release(lease)).await
+        let call = self.inner.release(lease);
+        self.around.around(StoreOp::Release, call).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
-        self.call(StoreOp::Renew, self.inner.renew(lease, lease_for))
-            .await
+        let call = self.inner.renew(lease, lease_for);
+        self.around.around(StoreOp::Renew, call).await
     }
 
     async fn take_over(
@@ -92,16 +118,18 @@ impl<S: Store> Store for Timed<S> {
         stale: OwnerToken,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
-        self.call(StoreOp::TakeOver, self.inner.take_over(stale, req))
-            .await
+        let call = self.inner.take_over(stale, req);
+        self.around.around(StoreOp::TakeOver, call).await
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<S::Watch, StoreError> {
-        self.call(StoreOp::Watch, self.inner.watch(key)).await
+        self.around
+            .around(StoreOp::Watch, self.inner.watch(key))
+            .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.call(StoreOp::Ping, self.inner.ping()).await
+        self.around.around(StoreOp::Ping, self.inner.ping()).await
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
@@ -162,7 +190,7 @@ mod tests {
     async fn a_call_that_does_not_answer_times_out_and_is_observed() {
         let metrics = Metrics::new();
         let limit = Duration::from_millis(250);
-        let store = Timed::new(Hanging, limit, metrics.store_timings());
+        let store = Timed::new(Hanging, Deadline::new(limit, metrics.store_timings()));
         let started = tokio::time::Instant::now();
         assert!(matches!(store.ping().await, Err(StoreError::Timeout(l)) if l == limit));
         assert_eq!(started.elapsed(), limit);
@@ -178,8 +206,7 @@ mod tests {
         let metrics = Metrics::new();
         let store = Timed::new(
             crate::store::MemoryStore::new(8),
-            Duration::from_secs(1),
-            metrics.store_timings(),
+            Deadline::new(Duration::from_secs(1), metrics.store_timings()),
         );
         store.ping().await.expect("memory store answers");
         assert!(
