@@ -272,14 +272,8 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_job_that_never_succeeds_gives_up_before_its_deadline() {
-        let state = state();
-        let give_up = Instant::now() + Duration::from_secs(3);
-        // Nothing is stored under the key, so a completion is refused (lease lost)...
-        // but a release of a never-written marker is done at once. A record of a lease
-        // whose marker is missing is lost, once.
-        let job = Job::Record {
+    fn record_job() -> Job {
+        Job::Record {
             lease: lease(),
             record: Arc::new(Completed {
                 fingerprint: crate::idempotency::Fingerprint::from_bytes([0; 32]),
@@ -288,13 +282,52 @@ mod tests {
                 body: crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
             }),
             ttl: Duration::from_secs(60),
-        };
-        in_background(&state, job, give_up);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recording_whose_marker_is_gone_is_counted_lost_after_one_attempt() {
+        let state = state();
+        in_background(
+            &state,
+            record_job(),
+            Instant::now() + Duration::from_secs(3),
+        );
         state.tasks.close();
         state.tasks.wait().await;
         assert_eq!(state.metrics.records_lost(), 1);
         assert_eq!(state.metrics.record_retries(), 1);
+    }
+
+    /// Every call fails, as a store that is down does.
+    struct Down;
+
+    impl crate::store::Around for Down {
+        async fn around<T: Send>(
+            &self,
+            _op: crate::metrics::StoreOp,
+            _call: impl Future<Output = Result<T, StoreError>> + Send,
+        ) -> Result<T, StoreError> {
+            Err(StoreError::Protocol("down"))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_that_keeps_failing_backs_off_and_gives_up_before_its_deadline() {
+        let config = Config::from_yaml_str("", &|_| None).expect("empty config is valid");
+        let store = crate::store::Layered::new(MemoryStore::new(16), Down);
+        let state = Arc::new(AppState::new(Arc::new(config), store));
+        let started = Instant::now();
+        let give_up = started + Duration::from_secs(3);
+        in_background(&state, record_job(), give_up);
+        state.tasks.close();
+        state.tasks.wait().await;
+        assert_eq!(state.metrics.records_lost(), 1, "given up once");
+        let attempts = state.metrics.record_retries();
+        // 50 ms doubling to 1 s, each between half and all of it: 4 to 7 attempts in 3 s.
+        assert!((4..=7).contains(&attempts), "{attempts} attempts");
         assert!(Instant::now() < give_up);
+        assert!(Instant::now() - started > Duration::from_millis(1500));
     }
 
     #[tokio::test(start_paused = true)]
@@ -303,17 +336,11 @@ mod tests {
         let held = Arc::clone(&state.retries)
             .try_acquire_many_owned(MAX_BACKGROUND_RETRIES as u32)
             .expect("all permits free");
-        let job = Job::Record {
-            lease: lease(),
-            record: Arc::new(Completed {
-                fingerprint: crate::idempotency::Fingerprint::from_bytes([0; 32]),
-                status: http::StatusCode::OK,
-                headers: vec![],
-                body: crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
-            }),
-            ttl: Duration::from_secs(60),
-        };
-        in_background(&state, job, Instant::now() + Duration::from_secs(3));
+        in_background(
+            &state,
+            record_job(),
+            Instant::now() + Duration::from_secs(3),
+        );
         assert!(state.tasks.is_empty(), "no task was started");
         assert_eq!(
             state.metrics.records_lost(),
