@@ -85,7 +85,7 @@ fn address(
         req.method(),
         path,
         req.headers(),
-        &policy.fingerprint_headers,
+        &policy.fingerprint_rules(),
         body.as_bytes(),
     );
     (scoped, fp)

@@ -41,7 +41,7 @@ async fn crashed_owner<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) {
             &http::Method::POST,
             path,
             &headers,
-            &policy.fingerprint_headers,
+            &policy.fingerprint_rules(),
             b"{}",
         ),
         token: OwnerToken::random(),

@@ -92,7 +92,7 @@ async fn an_expired_marker_becomes_a_recorded_outcome_unknown() {
         &http::Method::POST,
         "/charges",
         &headers,
-        &policy.fingerprint_headers,
+        &policy.fingerprint_rules(),
         b"{}",
     );
     let claim = ClaimRequest {

@@ -28,10 +28,14 @@ use serde::Deserialize;
 use serde_yaml::Mapping;
 
 use super::render::{
-    choice, duration, flag, header_name, header_pairs, headers, methods, size, statuses, strings,
+    choice, duration, flag, header_name, header_pairs, headers, methods, pointers, size, statuses,
+    strings,
 };
-use super::values::{CookieName, Dur, Flag, Header, HeaderPairs, Methods, Pick, Raw, Size, Status};
+use super::values::{
+    CookieName, Dur, Flag, Header, HeaderPairs, Methods, Pick, Pointer, Raw, Size, Status,
+};
 use super::{OnConcurrent, OnUnknownOutcome};
+use crate::idempotency::fingerprint::{BodyForm, FingerprintRules, JsonPointer};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -175,6 +179,15 @@ policy_keys! {
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
             from Vec<Header>, show headers;
+        /// Whether the query string enters the fingerprint; `false` hashes method and
+        /// path alone (the upstream still gets the query as sent).
+        fingerprint_query: bool = true, from Flag, show flag;
+        /// How the body enters the fingerprint: its bytes, or its canonical JSON form
+        /// (RFC 8785) when it parses as JSON.
+        fingerprint_body: BodyForm = BodyForm::Raw, from Pick<BodyForm>, show choice;
+        /// JSON Pointers to members or elements of a JSON body left out of the
+        /// fingerprint (`fingerprint_body: json` only).
+        fingerprint_ignore: Vec<JsonPointer> = Vec::new(), from Vec<Pointer>, show pointers;
         /// Upstream response headers that are not stored, hence never replayed.
         replay_drop_headers: Vec<HeaderName> = vec![header::SET_COOKIE, header::DATE],
             from Vec<Header>, show headers;
@@ -189,6 +202,18 @@ policy_keys! {
         max_request_body: u64 = 1 << 20, from Size, show size;
         /// Larger response bodies are not stored; a retry gets `409 not-replayable`.
         max_response_body: u64 = 4 << 20, from Size, show size;
+    }
+}
+
+impl Policy {
+    /// What the fingerprint of a request under this policy covers.
+    pub fn fingerprint_rules(&self) -> FingerprintRules<'_> {
+        FingerprintRules {
+            headers: &self.fingerprint_headers,
+            query: self.fingerprint_query,
+            body: self.fingerprint_body,
+            ignore: &self.fingerprint_ignore,
+        }
     }
 }
 

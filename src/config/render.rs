@@ -15,6 +15,7 @@ use super::Config;
 use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
+use crate::idempotency::fingerprint::JsonPointer;
 
 pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
@@ -152,6 +153,13 @@ pub(super) fn methods(list: &[Method]) -> Value {
 pub(super) fn statuses(list: &[StatusCode]) -> Value {
     list.iter()
         .map(|s| u64::from(s.as_u16()))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+pub(super) fn pointers(list: &[JsonPointer]) -> Value {
+    list.iter()
+        .map(|p| text(p.as_str()))
         .collect::<Vec<_>>()
         .into()
 }

@@ -10,6 +10,7 @@ use super::{
     AdminConfig, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy, Route,
     RouteMatch, StoreConfig, StoreKind, redact_url,
 };
+use crate::idempotency::fingerprint::BodyForm;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
@@ -19,6 +20,7 @@ const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     let idempotency = raw.idempotency.unwrap_or_default().typed();
+    check_fingerprint(&idempotency, "idempotency")?;
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
@@ -183,6 +185,7 @@ fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, 
     let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
     for (index, route) in raw.into_iter().enumerate() {
         let (path, policy) = route.merge(idempotency);
+        check_fingerprint(&policy, &format!("routes[{index}]"))?;
         let field = format!("routes[{index}].path");
         let Some(path) = path else {
             return Err(ConfigError::invalid(
@@ -194,6 +197,20 @@ fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, 
         routes.push(Route { path, policy });
     }
     Ok(routes)
+}
+
+/// `fingerprint_ignore` points into JSON, which `fingerprint_body: raw` never reads
+/// (SPEC §10); checked on the merged policy, so a route that turns `raw` back on under
+/// an inherited list is refused too.
+fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.fingerprint_body == BodyForm::Raw && !policy.fingerprint_ignore.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{section}.fingerprint_ignore"),
+            "needs fingerprint_body: json; with raw the body is hashed byte for byte and \
+             no pointer can leave a part of it out",
+        ));
+    }
+    Ok(())
 }
 
 fn normalise_route_path(path: &str) -> Result<String, String> {

@@ -16,6 +16,7 @@ use super::units;
 use super::{
     ErrorFormat, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind,
 };
+use crate::idempotency::fingerprint::{BodyForm, JsonPointer};
 
 /// A value as deserialized (checked, and still wrapped so that serde recorded its
 /// path) and the typed value it stands for in [`Config`](super::Config).
@@ -552,6 +553,25 @@ impl<'de> Deserialize<'de> for HeaderPairs {
     }
 }
 
+/// A JSON Pointer of `fingerprint_ignore`: `""` or `/...` with valid `~0`/`~1`.
+#[derive(Debug, Clone)]
+pub(super) struct Pointer(pub(super) JsonPointer);
+
+impl<'de> Deserialize<'de> for Pointer {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a JSON Pointer such as /timestamp";
+        let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        JsonPointer::parse(&text)
+            .map(Pointer)
+            .map_err(de::Error::custom)
+    }
+}
+
+impl Choice for BodyForm {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("raw", BodyForm::Raw), ("json", BodyForm::Json)];
+}
+
 /// A `Content-Type` value.
 #[derive(Debug, Clone)]
 pub(super) struct ContentType(pub(super) HeaderValue);
@@ -574,6 +594,7 @@ raw_newtypes! {
     CookieName => String,
     HeaderPairs => Vec<(HeaderName, HeaderValue)>,
     ContentType => HeaderValue,
+    Pointer => JsonPointer,
 }
 
 impl Choice for RouteMatch {

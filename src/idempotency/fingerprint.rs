@@ -1,31 +1,82 @@
-//! The request fingerprint: what makes a retry "the same request" (SPEC §3).
+//! The request fingerprint: what makes a retry "the same request" (SPEC §3, §10).
 
 use http::header::HeaderName;
 use http::{HeaderMap, Method};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::key::{hash_field, hash_header, hex};
 
-/// sha256 over method, path and query, the `fingerprint_headers` and the body.
+/// sha256 over method, path (and query), the `fingerprint_headers` and the body.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
+/// How a body enters the fingerprint (`fingerprint_body`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyForm {
+    /// The bytes as sent.
+    Raw,
+    /// The RFC 8785 canonical form when the body parses as JSON, else the bytes.
+    Json,
+}
+
+/// What of a request its fingerprint covers: a policy's `fingerprint_*` keys.
+#[derive(Debug, Clone, Copy)]
+pub struct FingerprintRules<'a> {
+    /// Request headers hashed besides method, path and body.
+    pub headers: &'a [HeaderName],
+    /// Whether the query string counts; `false` hashes the path alone.
+    pub query: bool,
+    pub body: BodyForm,
+    /// Parts of a JSON body left out (`BodyForm::Json` only).
+    pub ignore: &'a [JsonPointer],
+}
+
+impl<'a> FingerprintRules<'a> {
+    /// The SPEC §3 fingerprint: query included, body bytes as sent.
+    pub const fn raw(headers: &'a [HeaderName]) -> Self {
+        Self {
+            headers,
+            query: true,
+            body: BodyForm::Raw,
+            ignore: &[],
+        }
+    }
+}
+
 impl Fingerprint {
+    /// Under [`FingerprintRules::raw`] this hashes exactly what idemgate always hashed,
+    /// so records stored before `fingerprint_*` existed keep matching their retries.
     pub fn new(
         method: &Method,
         path_and_query: &str,
         headers: &HeaderMap,
-        fingerprint_headers: &[HeaderName],
+        rules: &FingerprintRules<'_>,
         body: &[u8],
     ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-fingerprint-v1");
         hash_field(&mut hash, method.as_str().as_bytes());
-        hash_field(&mut hash, path_and_query.as_bytes());
-        for name in fingerprint_headers {
+        let target = if rules.query {
+            path_and_query
+        } else {
+            path_and_query
+                .split_once('?')
+                .map_or(path_and_query, |(path, _query)| path)
+        };
+        hash_field(&mut hash, target.as_bytes());
+        for name in rules.headers {
             hash_header(&mut hash, headers, name);
         }
-        hash_field(&mut hash, body);
+        // Canonical JSON is itself JSON and a body that falls back to raw is not, so
+        // the two kinds of body bytes cannot be mistaken for each other.
+        match rules.body {
+            BodyForm::Json => match canonical_json(body, rules.ignore) {
+                Some(canonical) => hash_field(&mut hash, &canonical),
+                None => hash_field(&mut hash, body),
+            },
+            BodyForm::Raw => hash_field(&mut hash, body),
+        }
         Self(hash.finalize().into())
     }
 
@@ -44,10 +95,157 @@ impl std::fmt::Debug for Fingerprint {
     }
 }
 
+/// 2^53: integers up to it in magnitude are exactly the ones a double holds one by
+/// one. A double of this size may itself be a rounded literal (`9007199254740993.0`),
+/// so only integers, which serde_json keeps exact, may reach it.
+const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
+
+/// The RFC 8785 form of `body` with the `ignore` pointers removed, or `None` when the
+/// body is not JSON or holds a number that canonical form would round.
+///
+/// JCS writes every number as an IEEE double, so the IDs `9007199254740993` and
+/// `9007199254740992` would become one request; a body with a number beyond ±2^53
+/// (where doubles stop holding every integer, and where a parsed literal may already
+/// have been rounded) is hashed raw instead: never the same request by mistake.
+fn canonical_json(body: &[u8], ignore: &[JsonPointer]) -> Option<Vec<u8>> {
+    let mut value: Value = serde_json::from_slice(body).ok()?;
+    for pointer in ignore {
+        pointer.remove_from(&mut value);
+    }
+    if !numbers_are_exact(&value) {
+        return None;
+    }
+    serde_jcs::to_vec(&value).ok()
+}
+
+fn numbers_are_exact(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.unsigned_abs() <= 1 << 53
+            } else if let Some(u) = n.as_u64() {
+                u <= 1 << 53
+            } else {
+                n.as_f64().is_some_and(|x| x.abs() < EXACT_INTEGERS)
+            }
+        }
+        Value::Array(items) => items.iter().all(numbers_are_exact),
+        Value::Object(members) => members.values().all(numbers_are_exact),
+        Value::Null | Value::Bool(_) | Value::String(_) => true,
+    }
+}
+
+/// An RFC 6901 JSON Pointer (`/amount`, `/items/0/id`, `/a~1b` for the member `a/b`),
+/// checked when the configuration loads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonPointer {
+    text: String,
+    /// The reference tokens, `~1` and `~0` decoded; none for `""`, the whole body.
+    tokens: Vec<String>,
+}
+
+/// Why a string is not a JSON Pointer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PointerError {
+    #[error("'{0}' is not a JSON Pointer: it must be \"\" or start with '/'")]
+    NoLeadingSlash(String),
+    #[error("'{0}' is not a JSON Pointer: '~' must be followed by 0 or 1 (write ~0 for '~')")]
+    BadEscape(String),
+}
+
+impl JsonPointer {
+    pub fn parse(text: &str) -> Result<Self, PointerError> {
+        if text.is_empty() {
+            return Ok(Self {
+                text: String::new(),
+                tokens: Vec::new(),
+            });
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(PointerError::NoLeadingSlash(text.to_owned()));
+        };
+        let tokens = rest
+            .split('/')
+            .map(|token| {
+                decode_token(token).ok_or_else(|| PointerError::BadEscape(text.to_owned()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            text: text.to_owned(),
+            tokens,
+        })
+    }
+
+    /// The pointer as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Removes the member or array element the pointer addresses, if there is one;
+    /// `""` addresses the whole body, which then counts as `null`.
+    fn remove_from(&self, root: &mut Value) {
+        let Some((last, parents)) = self.tokens.split_last() else {
+            *root = Value::Null;
+            return;
+        };
+        let mut parent = root;
+        for token in parents {
+            let child = match parent {
+                Value::Object(members) => members.get_mut(token),
+                Value::Array(items) => array_index(token).and_then(|i| items.get_mut(i)),
+                _ => None,
+            };
+            let Some(child) = child else { return };
+            parent = child;
+        }
+        match parent {
+            Value::Object(members) => {
+                members.remove(last);
+            }
+            Value::Array(items) => {
+                if let Some(i) = array_index(last).filter(|i| *i < items.len()) {
+                    items.remove(i);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `~1` is `/` and `~0` is `~`; any other `~` is an error.
+fn decode_token(token: &str) -> Option<String> {
+    let mut decoded = String::with_capacity(token.len());
+    let mut chars = token.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '~' => match chars.next() {
+                Some('0') => decoded.push('~'),
+                Some('1') => decoded.push('/'),
+                _ => return None,
+            },
+            c => decoded.push(c),
+        }
+    }
+    Some(decoded)
+}
+
+/// RFC 6901 array indices: `0`, or digits without a leading zero (`-`, one past the
+/// end, addresses nothing that exists).
+fn array_index(token: &str) -> Option<usize> {
+    let digits = !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    token.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use proptest::prelude::*;
+
+    const CONTENT_TYPE: [HeaderName; 1] = [http::header::CONTENT_TYPE];
 
     fn fp(method: &str, pq: &str, ct: Option<&str>, body: &[u8]) -> Fingerprint {
         let mut headers = HeaderMap::new();
@@ -60,9 +258,26 @@ mod tests {
             &method,
             pq,
             &headers,
-            &[HeaderName::from_static("content-type")],
+            &FingerprintRules::raw(&CONTENT_TYPE),
             body,
         )
+    }
+
+    fn pointers(texts: &[&str]) -> Vec<JsonPointer> {
+        texts
+            .iter()
+            .map(|text| JsonPointer::parse(text).expect("pointer"))
+            .collect()
+    }
+
+    /// `POST /charges` with `body` under `fingerprint_body: json` and `ignore`.
+    fn json_fp(body: &[u8], ignore: &[JsonPointer]) -> Fingerprint {
+        let rules = FingerprintRules {
+            body: BodyForm::Json,
+            ignore,
+            ..FingerprintRules::raw(&[])
+        };
+        Fingerprint::new(&Method::POST, "/charges", &HeaderMap::new(), &rules, body)
     }
 
     #[test]
@@ -92,18 +307,269 @@ mod tests {
         );
     }
 
+    /// The hash input under the defaults, spelt out as before `fingerprint_query`,
+    /// `fingerprint_body` and `fingerprint_ignore` existed: stored records must keep
+    /// matching their retries after an upgrade.
+    #[test]
+    fn the_defaults_hash_what_was_always_hashed() {
+        let body = br#"{ "b": 1, "a": 2 }"#;
+        let mut old = Sha256::new();
+        old.update(b"idemgate-fingerprint-v1");
+        for field in [&b"POST"[..], b"/charges?x=1"] {
+            old.update((field.len() as u64).to_be_bytes());
+            old.update(field);
+        }
+        old.update(1u64.to_be_bytes());
+        old.update(16u64.to_be_bytes());
+        old.update(b"application/json");
+        old.update((body.len() as u64).to_be_bytes());
+        old.update(body);
+        let old = Fingerprint(old.finalize().into());
+        assert_eq!(
+            old,
+            fp("POST", "/charges?x=1", Some("application/json"), body)
+        );
+    }
+
     #[test]
     fn headers_outside_the_list_do_not_count() {
         let mut headers = HeaderMap::new();
-        let names = [HeaderName::from_static("content-type")];
-        let a = Fingerprint::new(&Method::POST, "/", &headers, &names, b"x");
+        let rules = FingerprintRules::raw(&CONTENT_TYPE);
+        let a = Fingerprint::new(&Method::POST, "/", &headers, &rules, b"x");
         headers.insert("x-trace", HeaderValue::from_static("1"));
-        let b = Fingerprint::new(&Method::POST, "/", &headers, &names, b"x");
+        let b = Fingerprint::new(&Method::POST, "/", &headers, &rules, b"x");
         assert_eq!(a, b);
     }
 
     #[test]
     fn path_and_body_cannot_shift_into_each_other() {
         assert_ne!(fp("POST", "/ab", None, b"c"), fp("POST", "/a", None, b"bc"));
+    }
+
+    #[test]
+    fn without_the_query_only_method_and_path_count() {
+        let rules = FingerprintRules {
+            query: false,
+            ..FingerprintRules::raw(&[])
+        };
+        let at = |pq| Fingerprint::new(&Method::POST, pq, &HeaderMap::new(), &rules, b"{}");
+        assert_eq!(at("/charges?x=1"), at("/charges?x=2"));
+        assert_eq!(at("/charges?x=1"), at("/charges"));
+        assert_eq!(at("/charges?"), at("/charges"));
+        assert_ne!(at("/charges?x=1"), at("/refunds?x=1"));
+        // Without a query the hash is the one the defaults give.
+        let plain = FingerprintRules::raw(&[]);
+        let without = Fingerprint::new(&Method::POST, "/charges", &HeaderMap::new(), &plain, b"{}");
+        assert_eq!(at("/charges?x=1"), without);
+    }
+
+    #[test]
+    fn json_bodies_are_compared_in_canonical_form() {
+        assert_eq!(
+            json_fp(br#"{"a":1,"b":[1,2]}"#, &[]),
+            json_fp(br#"{ "b": [1, 2], "a": 1.0 }"#, &[])
+        );
+        assert_eq!(
+            json_fp(br#"{"s":"\u00e9\/","n":1e3}"#, &[]),
+            json_fp("{\"n\":1000,\"s\":\"é/\"}".as_bytes(), &[])
+        );
+        assert_ne!(
+            json_fp(br#"{"a":1,"b":[1,2]}"#, &[]),
+            json_fp(br#"{"a":1,"b":[2,1]}"#, &[])
+        );
+        assert_ne!(json_fp(br#"{"a":1}"#, &[]), json_fp(br#"{"a":"1"}"#, &[]));
+    }
+
+    #[test]
+    fn a_body_that_is_not_json_is_hashed_raw() {
+        let raw = |body: &[u8]| {
+            let rules = FingerprintRules::raw(&[]);
+            Fingerprint::new(&Method::POST, "/charges", &HeaderMap::new(), &rules, body)
+        };
+        for body in [
+            &b"amount=10&currency=eur"[..],
+            b"{\"a\":1",
+            b"",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(json_fp(body, &pointers(&["/a"])), raw(body));
+        }
+        assert_ne!(json_fp(b"{\"a\":1", &[]), json_fp(b"{\"a\": 1", &[]));
+    }
+
+    #[test]
+    fn integers_a_double_would_round_keep_the_body_raw() {
+        let (a, b) = (br#"{"id":9007199254740993}"#, br#"{"id":9007199254740992}"#);
+        assert_ne!(json_fp(a, &[]), json_fp(b, &[]));
+        assert_ne!(
+            json_fp(a, &[]),
+            json_fp(br#"{ "id":9007199254740993}"#, &[])
+        );
+        let huge = br#"{"id":123456789012345678901234567890}"#;
+        assert_ne!(
+            json_fp(huge, &[]),
+            json_fp(br#"{"id":123456789012345678901234567891}"#, &[])
+        );
+        // Up to 2^53 every integer is exact, and canonical.
+        assert_eq!(
+            json_fp(br#"{"id":9007199254740992,"n":-9007199254740991}"#, &[]),
+            json_fp(br#"{"n":-9007199254740991.0,"id":9007199254740992}"#, &[])
+        );
+        // An ignored big number does not stop the rest from being canonical.
+        let ignore = pointers(&["/id"]);
+        assert_eq!(
+            json_fp(br#"{"id":9007199254740993,"a":1}"#, &ignore),
+            json_fp(br#"{"a":1.0}"#, &ignore)
+        );
+    }
+
+    #[test]
+    fn ignored_members_and_elements_do_not_count() {
+        let ignore = pointers(&["/timestamp", "/items/0/trace", "/a~1b", "/t~0"]);
+        assert_eq!(
+            json_fp(
+                br#"{"amount":10,"timestamp":1,"items":[{"id":1,"trace":"x"}],"a/b":1,"t~":1}"#,
+                &ignore
+            ),
+            json_fp(
+                br#"{"items":[{"trace":"y","id":1}],"amount":10,"timestamp":"now"}"#,
+                &ignore
+            )
+        );
+        assert_ne!(
+            json_fp(br#"{"amount":10,"timestamp":1}"#, &ignore),
+            json_fp(br#"{"amount":11,"timestamp":1}"#, &ignore)
+        );
+        // An element: the rest shifts up, as the pointer says "the first element".
+        let first = pointers(&["/1"]);
+        assert_eq!(json_fp(b"[1,2,3]", &first), json_fp(b"[1,9,3]", &first));
+        assert_ne!(json_fp(b"[1,2,3]", &first), json_fp(b"[1,2,4]", &first));
+        // Pointers that address nothing are skipped.
+        let nothing = pointers(&["/x/y", "/5", "/-", "/01", "/items/9", "/amount/z"]);
+        assert_eq!(
+            json_fp(br#"{"amount":10,"items":[1]}"#, &nothing),
+            json_fp(br#"{"amount":10,"items":[1]}"#, &[])
+        );
+        assert_eq!(json_fp(b"[0,1]", &nothing), json_fp(b"[0,1]", &[]));
+        // `""` is the whole body.
+        let all = pointers(&[""]);
+        assert_eq!(json_fp(b"[1]", &all), json_fp(br#"{"a":2}"#, &all));
+    }
+
+    #[test]
+    fn pointers_are_checked() {
+        for good in ["", "/", "/a", "/a/0", "/a~0b~1c", "//", "/ä"] {
+            assert_eq!(JsonPointer::parse(good).expect(good).as_str(), good);
+        }
+        assert_eq!(
+            JsonPointer::parse("/a~0~1b").expect("pointer").tokens,
+            ["a~/b"]
+        );
+        for bad in ["a", "#/a", " /a"] {
+            assert_eq!(
+                JsonPointer::parse(bad),
+                Err(PointerError::NoLeadingSlash(bad.to_owned()))
+            );
+        }
+        for bad in ["/~", "/a~2", "/~a", "/x/~"] {
+            assert_eq!(
+                JsonPointer::parse(bad),
+                Err(PointerError::BadEscape(bad.to_owned()))
+            );
+        }
+    }
+
+    /// JSON values without numbers beyond 2^53, whose canonical form is defined.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (-1_000_000i64..1_000_000).prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "[a-z\\u{e9}\\u{1F600}\"\\\\\n]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::btree_map("[a-e]{1,2}", inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Writes `value` with its members in the order `flip` picks and `space` between
+    /// every token.
+    fn write_shuffled(value: &Value, flip: &mut impl FnMut() -> bool, space: &str) -> String {
+        match value {
+            Value::Array(items) => {
+                let items: Vec<_> = items
+                    .iter()
+                    .map(|item| write_shuffled(item, flip, space))
+                    .collect();
+                format!(
+                    "[{space}{}{space}]",
+                    items.join(&format!("{space},{space}"))
+                )
+            }
+            Value::Object(members) => {
+                let mut members: Vec<_> = members
+                    .iter()
+                    .map(|(k, v)| {
+                        format!(
+                            "{}{space}:{space}{}",
+                            Value::from(k.as_str()),
+                            write_shuffled(v, flip, space)
+                        )
+                    })
+                    .collect();
+                if flip() {
+                    members.reverse();
+                }
+                if members.len() > 2 && flip() {
+                    members.rotate_left(1);
+                }
+                format!(
+                    "{{{space}{}{space}}}",
+                    members.join(&format!("{space},{space}"))
+                )
+            }
+            other => other.to_string(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn reordering_and_whitespace_do_not_count(
+            value in json_value(),
+            flips in prop::collection::vec(any::<bool>(), 64),
+            space in "[ \t\r\n]{0,3}",
+        ) {
+            let mut flips = flips.into_iter().cycle();
+            let compact = serde_json::to_vec(&value).expect("json");
+            let other = write_shuffled(&value, &mut || flips.next().unwrap_or(false), &space);
+            prop_assert_eq!(json_fp(&compact, &[]), json_fp(other.as_bytes(), &[]));
+        }
+
+        #[test]
+        fn changing_a_value_counts_unless_it_is_ignored(
+            members in prop::collection::btree_map("[a-e]{1,3}", json_value(), 1..6),
+            pick in any::<prop::sample::Index>(),
+            replacement in json_value(),
+        ) {
+            let name = pick.get(&members.keys().cloned().collect::<Vec<_>>()).clone();
+            let before = Value::Object(members.clone().into_iter().collect());
+            let mut changed = members;
+            let original = changed.insert(name.clone(), replacement.clone());
+            let after = Value::Object(changed.into_iter().collect());
+            let (before, after) = (
+                serde_json::to_vec(&before).expect("json"),
+                serde_json::to_vec(&after).expect("json"),
+            );
+            // Equal values (`1` and `1.0`) have one canonical form; anything else differs.
+            let same = serde_jcs::to_vec(&original).ok() == serde_jcs::to_vec(&Some(replacement)).ok();
+            prop_assert_eq!(json_fp(&before, &[]) == json_fp(&after, &[]), same);
+            let ignore = [JsonPointer::parse(&format!("/{name}")).expect("pointer")];
+            prop_assert_eq!(json_fp(&before, &ignore), json_fp(&after, &ignore));
+        }
     }
 }

@@ -184,7 +184,7 @@ async fn buffer<S: Store, B: RequestBody>(
         &parts.method,
         pq,
         &parts.headers,
-        &policy.fingerprint_headers,
+        &policy.fingerprint_rules(),
         &body,
     );
     Ok(Guarded {

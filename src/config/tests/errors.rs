@@ -324,6 +324,60 @@ fn header_names_and_statuses_are_checked() {
     assert!(config.idempotency.scope_headers.is_empty());
 }
 
+/// SPEC §10: pointers are checked at load, and `fingerprint_ignore` needs `json`.
+#[test]
+fn fingerprint_keys_are_checked() {
+    let message = error_at(
+        &with_minimal("idempotency:\n  fingerprint_body: canonical\n"),
+        "idempotency.fingerprint_body",
+    );
+    assert!(message.contains("expected one of raw, json"), "{message}");
+    error_at(
+        &with_minimal("idempotency:\n  fingerprint_query: maybe\n"),
+        "idempotency.fingerprint_query",
+    );
+    let message = error_at(
+        &with_minimal(
+            "routes:\n  - path: /a\n    fingerprint_body: json\n    fingerprint_ignore: [/ok, ts]\n",
+        ),
+        "routes[0].fingerprint_ignore[1]",
+    );
+    assert!(
+        message.contains("must be \"\" or start with '/'"),
+        "{message}"
+    );
+    let message = error_at(
+        &with_minimal("idempotency:\n  fingerprint_body: json\n  fingerprint_ignore: [\"/a~2\"]\n"),
+        "idempotency.fingerprint_ignore[0]",
+    );
+    assert!(message.contains("~0 for '~'"), "{message}");
+    error_at(
+        &with_minimal("idempotency:\n  fingerprint_ignore: /ts\n"),
+        "idempotency.fingerprint_ignore",
+    );
+    // Pointers with `raw`: written so, or a route turning `raw` back on under an
+    // inherited list, or a route listing pointers under an inherited `raw`.
+    let message = error_at(
+        &with_minimal("idempotency:\n  fingerprint_ignore: [/ts]\n"),
+        "idempotency.fingerprint_ignore",
+    );
+    assert!(
+        message.contains("needs fingerprint_body: json"),
+        "{message}"
+    );
+    error_at(
+        &with_minimal(
+            "idempotency:\n  fingerprint_body: json\n  fingerprint_ignore: [/ts]\n\
+             routes:\n  - path: /a\n  - path: /b\n    fingerprint_body: raw\n",
+        ),
+        "routes[1].fingerprint_ignore",
+    );
+    error_at(
+        &with_minimal("routes:\n  - path: /a\n    fingerprint_ignore: [/ts]\n"),
+        "routes[0].fingerprint_ignore",
+    );
+}
+
 #[test]
 fn enums_list_their_variants() {
     let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.kind");

@@ -6,6 +6,7 @@ use std::path::Path;
 use http::{HeaderName, Method, StatusCode, Uri};
 
 use super::*;
+use crate::idempotency::fingerprint::{BodyForm, JsonPointer};
 
 mod errors;
 mod examples;
@@ -55,6 +56,13 @@ fn policy_for<'a>(config: &'a Config, path: &str) -> &'a Policy {
     config
         .route_index(path)
         .map_or(&config.idempotency, |i| &config.routes[i].policy)
+}
+
+fn pointers(texts: &[&str]) -> Vec<JsonPointer> {
+    texts
+        .iter()
+        .map(|text| JsonPointer::parse(text).unwrap())
+        .collect()
 }
 
 fn env_map(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
@@ -109,6 +117,9 @@ fn a_minimal_file_gets_every_default() {
     );
     assert_eq!(policy.scope_headers, [header("authorization")]);
     assert_eq!(policy.fingerprint_headers, [header("content-type")]);
+    assert!(policy.fingerprint_query);
+    assert_eq!(policy.fingerprint_body, BodyForm::Raw);
+    assert!(policy.fingerprint_ignore.is_empty());
     assert_eq!(
         policy.replay_drop_headers,
         [header("set-cookie"), header("date")]
@@ -154,6 +165,9 @@ idempotency:
   release_statuses: [429, 502, 503]
   scope_headers: [Authorization, X-Tenant]
   fingerprint_headers: []
+  fingerprint_query: false
+  fingerprint_body: json
+  fingerprint_ignore: [/timestamp, "", "/a~1b~0/0"]
   scope_cookies: [session, sid]
   replay_drop_headers: [set-cookie]
   replay_error_headers: {X-Should-Retry: "false", x-idempotent-error: final}
@@ -162,6 +176,9 @@ idempotency:
 routes:
   - path: /v1/charges/
     ttl: 48h
+    fingerprint_query: true
+    fingerprint_body: raw
+    fingerprint_ignore: []
 admin:
   listen: "[::1]:9000"
 log:
@@ -217,6 +234,9 @@ fn every_key_can_be_overridden() {
         ],
         scope_headers: vec![header("authorization"), header("x-tenant")],
         fingerprint_headers: vec![],
+        fingerprint_query: false,
+        fingerprint_body: BodyForm::Json,
+        fingerprint_ignore: pointers(&["/timestamp", "", "/a~1b~0/0"]),
         scope_cookies: vec!["session".to_owned(), "sid".to_owned()],
         replay_drop_headers: vec![header("set-cookie")],
         replay_error_headers: vec![
@@ -239,6 +259,9 @@ fn every_key_can_be_overridden() {
         config.routes[0].policy,
         Policy {
             ttl: secs(48 * 3600),
+            fingerprint_query: true,
+            fingerprint_body: BodyForm::Raw,
+            fingerprint_ignore: vec![],
             ..expected
         }
     );
@@ -298,6 +321,58 @@ fn routes_override_only_the_keys_they_name() {
         }
     );
     assert!(policy_for(&config, "/other").enabled);
+}
+
+/// SPEC §10: the three `fingerprint_*` keys are read in `idempotency` and inherited
+/// by routes, which may override each of them.
+#[test]
+fn fingerprint_keys_are_inherited_and_overridden() {
+    let config = parse_ok(&with_minimal(
+        "idempotency:\n  fingerprint_query: false\n  fingerprint_body: json\n  fingerprint_ignore: [/ts]\n\
+         routes:\n\
+         \x20 - path: /inherits\n\
+         \x20 - path: /query\n    fingerprint_query: true\n\
+         \x20 - path: /raw\n    fingerprint_body: raw\n    fingerprint_ignore: []\n\
+         \x20 - path: /more\n    fingerprint_ignore: [/ts, /items/0/at]\n",
+    ));
+    let top = &config.idempotency;
+    assert!(!top.fingerprint_query);
+    assert_eq!(top.fingerprint_body, BodyForm::Json);
+    assert_eq!(top.fingerprint_ignore, pointers(&["/ts"]));
+    assert_eq!(policy_for(&config, "/inherits"), top);
+    assert_eq!(
+        *policy_for(&config, "/query"),
+        Policy {
+            fingerprint_query: true,
+            ..top.clone()
+        }
+    );
+    assert_eq!(
+        *policy_for(&config, "/raw"),
+        Policy {
+            fingerprint_body: BodyForm::Raw,
+            fingerprint_ignore: vec![],
+            ..top.clone()
+        }
+    );
+    assert_eq!(
+        policy_for(&config, "/more").fingerprint_ignore,
+        pointers(&["/ts", "/items/0/at"])
+    );
+    // A route alone may turn `json` on, with its own pointers.
+    let route = parse_ok(&with_minimal(
+        "routes:\n  - path: /a\n    fingerprint_body: json\n    fingerprint_ignore: [/t]\n",
+    ));
+    assert_eq!(route.idempotency, Policy::default());
+    assert_eq!(route.routes[0].policy.fingerprint_body, BodyForm::Json);
+    let rules = route.routes[0].policy.fingerprint_rules();
+    assert!(rules.query && rules.body == BodyForm::Json);
+    assert_eq!(rules.ignore, pointers(&["/t"]));
+    assert_eq!(rules.headers, [header("content-type")]);
+    // `--check` prints the keys where they are set, and loads back to the same.
+    for config in [config, route] {
+        assert_eq!(parse_ok(&config.to_yaml()), config);
+    }
 }
 
 #[test]
