@@ -291,3 +291,41 @@ proptest! {
         }
     }
 }
+
+/// Every key path of a mapping (`store.timeout`), leaving out `routes`.
+fn key_paths(value: &serde_yaml::Value, prefix: &str, out: &mut Vec<String>) {
+    if let serde_yaml::Value::Mapping(map) = value {
+        for (key, child) in map {
+            let key = key.as_str().unwrap_or("?");
+            if prefix.is_empty() && key == "routes" {
+                continue;
+            }
+            let path = if prefix.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            key_paths(child, &path, out);
+            out.push(path);
+        }
+    }
+}
+
+/// The annotated example documents every key `--check` prints, so a key added to the
+/// configuration without its line in config/example.yaml fails here.
+#[test]
+fn the_annotated_example_names_every_key() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let written: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let printed: serde_yaml::Value = serde_yaml::from_str(&parse_ok(MINIMAL).to_yaml()).unwrap();
+    let (mut in_example, mut every) = (Vec::new(), Vec::new());
+    key_paths(&written, "", &mut in_example);
+    key_paths(&printed, "", &mut every);
+    // `url` and `urls` are one key printed either way.
+    let missing: Vec<&String> = every
+        .iter()
+        .filter(|k| !in_example.contains(k) && k.as_str() != "store.urls")
+        .collect();
+    assert!(missing.is_empty(), "config/example.yaml lacks {missing:?}");
+}
