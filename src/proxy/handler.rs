@@ -18,8 +18,8 @@ use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded};
 use super::reply::{Reply, finish, replay_response};
 use super::upstream::{self, upstream_request};
-use super::view;
 use super::{AppState, PolicyId};
+use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::{ProxyError, TargetError};
 use crate::idempotency::key::parse_key;
@@ -223,6 +223,10 @@ async fn pass_through<S: Store, B: RequestBody>(
     req: Request<B>,
     peer: SocketAddr,
 ) -> Result<Next, ProxyError> {
+    if upgrade::wanted(req.headers()) {
+        let response = upgrade::pass(state, req, peer).await?;
+        return Ok(Next::Answer(Reply::new(Outcome::Passthrough, response)));
+    }
     let (parts, body) = req.into_parts();
     let response = forward_unguarded(state, parts, ProxyBody::from_request(body), peer).await?;
     Ok(Next::Answer(Reply::new(Outcome::Passthrough, response)))

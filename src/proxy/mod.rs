@@ -21,6 +21,7 @@ mod exchange;
 mod handler;
 mod lease;
 mod reply;
+mod upgrade;
 mod upstream;
 mod view;
 
@@ -36,6 +37,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Policy};
@@ -64,6 +66,10 @@ pub struct AppState<S> {
     retries: Arc<Semaphore>,
     /// `max_buffered_bytes`: the bodies held in memory at once (`budget.rs`).
     budget: Arc<budget::Budget>,
+    /// Upgraded connections joined to the upstream (`upgrade.rs`), and what closes them
+    /// at shutdown.
+    tunnels: TaskTracker,
+    closing: CancellationToken,
 }
 
 impl<S: Store> AppState<S> {
@@ -92,6 +98,8 @@ impl<S: Store> AppState<S> {
             metrics,
             tasks: TaskTracker::new(),
             retries: Arc::new(Semaphore::new(lease::MAX_BACKGROUND_RETRIES)),
+            tunnels: TaskTracker::new(),
+            closing: CancellationToken::new(),
         }
     }
 
@@ -157,7 +165,7 @@ pub async fn serve<S: Store>(
             async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req, peer).await) }
         });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -176,12 +184,13 @@ pub async fn serve<S: Store>(
     drop(listener);
     tracing::info!("shutting down: listener closed, finishing in-flight requests");
     let limit = state.config.shutdown_timeout;
+    let until = tokio::time::Instant::now() + limit;
     state.tasks.close();
     let drained = async {
         graceful.shutdown().await;
         state.tasks.wait().await;
     };
-    match tokio::time::timeout(limit, drained).await {
+    let how = match tokio::time::timeout_at(until, drained).await {
         Ok(()) => Shutdown::Drained,
         Err(_) => {
             tracing::warn!(
@@ -190,7 +199,19 @@ pub async fn serve<S: Store>(
             );
             Shutdown::TimedOut
         }
+    };
+    // Upgraded connections are no requests: they may go on until shutdown_timeout, and
+    // are then closed, whatever became of the requests.
+    state.tunnels.close();
+    if tokio::time::timeout_at(until, state.tunnels.wait())
+        .await
+        .is_err()
+    {
+        tracing::info!("closing upgraded connections at shutdown_timeout");
     }
+    state.closing.cancel();
+    state.tunnels.wait().await;
+    how
 }
 
 /// Set by a connection's service at its first request: until then the connection has

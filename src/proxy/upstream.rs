@@ -88,6 +88,16 @@ pub(crate) async fn send(
     request: Request<ProxyBody>,
     deadline: Instant,
 ) -> Result<Response<Incoming>, Failure> {
+    let mut response = send_raw(client, request, deadline).await?;
+    strip_hop_by_hop(response.headers_mut());
+    Ok(response)
+}
+
+async fn send_raw(
+    client: &UpstreamClient,
+    request: Request<ProxyBody>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, Failure> {
     match tokio::time::timeout_at(deadline, client.request(request)).await {
         Err(_) => Err(Failure::Unknown {
             cause: UnknownCause::Timeout,
@@ -98,11 +108,28 @@ pub(crate) async fn send(
             cause: UnknownCause::Reset,
             source: Some(err.into()),
         }),
-        Ok(Ok(mut response)) => {
-            strip_hop_by_hop(response.headers_mut());
-            Ok(response)
-        }
+        Ok(Ok(response)) => Ok(response),
     }
+}
+
+/// [`send`] for a request that asks for an upgrade: a `101` answer keeps its `Upgrade`
+/// header and `Connection: upgrade`, which make it one.
+pub(crate) async fn send_keeping_upgrade(
+    client: &UpstreamClient,
+    request: Request<ProxyBody>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, Failure> {
+    let mut response = send_raw(client, request, deadline).await?;
+    let switching = response.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    let protocol = response.headers().get(header::UPGRADE).cloned();
+    strip_hop_by_hop(response.headers_mut());
+    if let (true, Some(protocol)) = (switching, protocol) {
+        response.headers_mut().insert(header::UPGRADE, protocol);
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    Ok(response)
 }
 
 /// Reads a response body up to `limit` bytes until `deadline`: the rest of the same
