@@ -21,6 +21,7 @@ mod policy;
 mod raw;
 mod render;
 mod sections;
+mod tls;
 mod units;
 mod validate;
 mod values;
@@ -36,6 +37,7 @@ use std::time::Duration;
 
 pub use policy::Policy;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
+pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

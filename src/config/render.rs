@@ -131,11 +131,12 @@ pub(super) fn text(value: &str) -> Value {
     value.into()
 }
 
-/// `http://host:port` without the `/` that `Uri` adds for an empty path, as written.
+/// `http[s]://host:port` without the `/` that `Uri` adds for an empty path, as written.
 pub(super) fn upstream_url(url: &Uri) -> Value {
+    let scheme = url.scheme_str().unwrap_or("http");
     let authority = url.authority().map_or("", |a| a.as_str());
     let path = url.path().trim_end_matches('/');
-    format!("http://{authority}{path}").into()
+    format!("{scheme}://{authority}{path}").into()
 }
 
 pub(super) fn flag(value: &bool) -> Value {

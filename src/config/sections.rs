@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_yaml::Mapping;
 
 use super::render::{choice, duration, header_value, text, upstream_url};
+use super::tls::{self, RawTls, UpstreamTls};
 use super::values::{ContentType, Dur, LogLevel, Pick, Raw, Text, UpstreamUrl};
 use super::{ErrorFormat, LogFormat};
 
@@ -83,12 +84,13 @@ macro_rules! section {
 
 section! {
     pub struct UpstreamConfig, read as RawUpstream
-        expecting "a mapping with url, connect_timeout, timeout"
+        expecting "a mapping with url, connect_timeout, timeout, tls"
     {
-        /// http:// only; scheme + authority (+ optional base path, which is prefixed to
-        /// request paths).
+        /// `http://` or `https://`; scheme + authority (+ optional base path, which is
+        /// prefixed to request paths).
         ///
-        /// The authority is kept as written: no port means 80 (`port_u16()` is `None`).
+        /// The authority is kept as written: no port means 80, or 443 for `https://`
+        /// (`port_u16()` is `None`).
         /// A trailing `/` of the base path is removed, so the path is `/` or `/base`.
         /// The default is a sidecar's neighbour: SPEC §6 lists http://127.0.0.1:9000.
         url: Uri = Uri::from_static("http://127.0.0.1:9000/"),
@@ -96,6 +98,9 @@ section! {
         connect_timeout: Duration = Duration::from_secs(2), from Dur, show duration;
         /// The whole upstream exchange.
         timeout: Duration = Duration::from_secs(30), from Dur, show duration;
+        /// Extra trust anchors and a client certificate for an `https://` URL (SPEC
+        /// §11), already read and parsed.
+        tls: Option<UpstreamTls> = None, from RawTls, show tls::render;
     }
 
     pub struct ErrorsConfig, read as RawErrors

@@ -8,7 +8,7 @@ use super::raw::{RawConfig, RawStore};
 use super::values::Raw;
 use super::{
     AdminConfig, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy, Route,
-    RouteMatch, StoreConfig, StoreKind, redact_url,
+    RouteMatch, StoreConfig, StoreKind, UpstreamConfig, redact_url,
 };
 use crate::idempotency::fingerprint::BodyForm;
 
@@ -24,7 +24,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
-        upstream: raw.upstream.unwrap_or_default().typed(),
+        upstream: build_upstream(raw.upstream.unwrap_or_default().typed())?,
         store: build_store(raw.store.unwrap_or_default())?,
         idempotency,
         routes,
@@ -52,6 +52,23 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
         max_buffered_bytes: raw.max_buffered_bytes.map_or(256 << 20, |s| s.0),
         errors: build_errors(raw.errors.unwrap_or_default().typed())?,
     })
+}
+
+/// `upstream.tls` goes with an `https://` URL; its files were read while
+/// deserializing, and here they are put together once as the proxy will (without the
+/// system store), so that a key that does not fit its certificate is refused now.
+fn build_upstream(upstream: UpstreamConfig) -> Result<UpstreamConfig, ConfigError> {
+    if let Some(tls) = &upstream.tls {
+        if upstream.url.scheme_str() != Some("https") {
+            return Err(ConfigError::invalid(
+                "upstream.tls",
+                "applies to an https:// upstream.url only; remove it or use https://",
+            ));
+        }
+        super::tls::client_config(Some(tls), rustls::RootCertStore::empty())
+            .map_err(|(path, msg)| ConfigError::invalid(path, msg))?;
+    }
+    Ok(upstream)
 }
 
 /// `format: template` needs a template that is JSON once filled in (SPEC §16).

@@ -323,20 +323,15 @@ impl<'de> Deserialize<'de> for UpstreamUrl {
     }
 }
 
-/// Parses `http://host[:port][/base]`, refusing what the proxy cannot honour.
+/// Parses `http[s]://host[:port][/base]`, refusing what the proxy cannot honour.
 pub(super) fn parse_upstream_url(text: &str) -> Result<Uri, String> {
     let text = text.trim();
     let uri: Uri = text
         .parse()
         .map_err(|err| format!("invalid URL '{text}': {err}; expected http://host:port"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some(scheme) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(format!(
-                "'{text}': TLS to the upstream is not supported; use an http:// URL \
-                 (idemgate runs next to the service it protects)"
-            ));
-        }
+    let scheme = match uri.scheme_str() {
+        Some(scheme) if scheme.eq_ignore_ascii_case("http") => "http",
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => "https",
         Some(scheme) => {
             return Err(format!(
                 "unsupported scheme '{scheme}' in '{text}'; expected http://host:port"
@@ -347,7 +342,7 @@ pub(super) fn parse_upstream_url(text: &str) -> Result<Uri, String> {
                 "'{text}' is not an absolute URL; expected http://host:port"
             ));
         }
-    }
+    };
     let Some(authority) = uri.authority() else {
         return Err(format!("'{text}' has no host; expected http://host:port"));
     };
@@ -368,7 +363,7 @@ pub(super) fn parse_upstream_url(text: &str) -> Result<Uri, String> {
     let base = uri.path().trim_end_matches('/');
     let path = if base.is_empty() { "/" } else { base };
     Uri::builder()
-        .scheme("http")
+        .scheme(scheme)
         .authority(authority.as_str())
         .path_and_query(path)
         .build()

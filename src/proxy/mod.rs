@@ -16,6 +16,7 @@
 mod body;
 mod budget;
 mod claim;
+mod connector;
 mod detach;
 mod exchange;
 mod handler;

@@ -15,10 +15,11 @@ use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody, collect_capped};
 use super::budget::Held;
-use crate::config::UpstreamConfig;
+use super::connector::UpstreamConnector;
+use crate::config::{UpstreamConfig, tls_client_config};
 use crate::error::{BoxError, ProxyError, UnknownCause};
 
-pub type UpstreamClient = Client<HttpConnector, ProxyBody>;
+pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -43,15 +44,48 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 /// A pooled HTTP/1.1 client. hyper retries a request only when the pooled connection
 /// closed before any byte of it was written (`retry_canceled_requests`), which can never
 /// execute it twice; every other failure is reported to us.
+///
+/// For an `https://` upstream the server certificate is verified against the system
+/// store plus `upstream.tls.ca_file` (SPEC §11); the TLS handshake has
+/// `connect_timeout` too.
 pub(crate) fn client(config: &UpstreamConfig) -> UpstreamClient {
-    pooled(config.connect_timeout, POOL_IDLE)
+    let tls = if config.url.scheme_str() == Some("https") {
+        tls_client_config(config.tls.as_ref(), system_roots())
+            .map_err(|(path, msg)| format!("{path}: {msg}"))
+    } else {
+        Err("the upstream URL is http://".to_owned())
+    };
+    pooled(config.connect_timeout, POOL_IDLE, tls)
 }
 
-fn pooled(connect_timeout: Duration, idle: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
+/// The system trust store; certificates it holds that rustls cannot parse are skipped,
+/// and an unreadable store leaves `ca_file` as the only trust anchors.
+fn system_roots() -> rustls::RootCertStore {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for err in &native.errors {
+        tracing::warn!(error = %err, "reading the system trust store for the https upstream");
+    }
+    let (added, skipped) = roots.add_parsable_certificates(native.certs);
+    tracing::debug!(
+        added,
+        skipped,
+        "system trust anchors for the https upstream"
+    );
+    roots
+}
+
+fn pooled(
+    connect_timeout: Duration,
+    idle: Duration,
+    tls: Result<rustls::ClientConfig, String>,
+) -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    // https:// URLs reach the connector too; ours does the TLS on top.
+    http.enforce_http(false);
+    let connector = UpstreamConnector::new(http, tls, connect_timeout);
     Client::builder(TokioExecutor::new())
         .retry_canceled_requests(true)
         // Without a timer the pool never closes an idle connection, whatever the timeout.
@@ -362,7 +396,11 @@ mod tests {
                 });
             }
         });
-        let client = pooled(Duration::from_secs(1), Duration::from_millis(200));
+        let client = pooled(
+            Duration::from_secs(1),
+            Duration::from_millis(200),
+            Err("http only".to_owned()),
+        );
         let uri: Uri = format!("http://{addr}/").parse().expect("uri");
         let response = client
             .request(Request::get(uri).body(ProxyBody::empty()).expect("request"))

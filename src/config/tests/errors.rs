@@ -222,13 +222,17 @@ fn upstream_url_defaults_to_port_9000_and_must_be_plain_http() {
             "{empty:?}"
         );
     }
-    let message = error_at(
-        "upstream:\n  url: https://api.example.com\n",
-        "upstream.url",
+    let config =
+        Config::from_yaml_str("upstream:\n  url: https://api.example.com/v1/\n", &|_| None)
+            .expect("https upstreams are accepted (SPEC §11)");
+    assert_eq!(
+        config.upstream.url.to_string(),
+        "https://api.example.com/v1"
     );
-    assert!(
-        message.contains("TLS to the upstream is not supported"),
-        "{message}"
+    assert_eq!(
+        config.upstream.url.port_u16(),
+        None,
+        "443 is the connector's default"
     );
     for bad in [
         "not a url",

@@ -474,7 +474,15 @@ fn for_upstream_uses_every_default() {
             .listen,
         listen
     );
-    let message = Config::for_upstream("https://b", None)
+    assert_eq!(
+        Config::for_upstream("https://b", None)
+            .unwrap()
+            .upstream
+            .url
+            .to_string(),
+        "https://b/"
+    );
+    let message = Config::for_upstream("ftp://b", None)
         .unwrap_err()
         .to_string();
     assert!(message.starts_with("--upstream: "), "{message}");
