@@ -137,13 +137,52 @@ async fn send_raw(
             cause: UnknownCause::Timeout,
             source: None,
         }),
-        Ok(Err(err)) if err.is_connect() => Err(Failure::Unreachable(err.into())),
+        Ok(Err(err)) if err.is_connect() || refused_in_tls_handshake(&err) => {
+            Err(Failure::Unreachable(err.into()))
+        }
         Ok(Err(err)) => Err(Failure::Unknown {
             cause: UnknownCause::Reset,
             source: Some(err.into()),
         }),
         Ok(Ok(response)) => Ok(response),
     }
+}
+
+/// Whether the upstream's TLS layer refused the connection with a handshake alert.
+///
+/// Under TLS 1.3 the client's handshake is over before the server has checked the
+/// client certificate, so a server that requires one (mutual TLS) and got none or a bad
+/// one answers the first write with an alert such as `certificate_required`: the
+/// request was written into a connection the server never accepted, and never reached
+/// its application. These alerts belong to the handshake only, so a connection that
+/// once carried an exchange cannot produce them.
+fn refused_in_tls_handshake(err: &hyper_util::client::legacy::Error) -> bool {
+    use rustls::AlertDescription as A;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(current) = next {
+        let tls = current.downcast_ref::<rustls::Error>().or_else(|| {
+            current
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            return matches!(
+                alert,
+                A::CertificateRequired
+                    | A::BadCertificate
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::CertificateUnknown
+                    | A::UnknownCA
+                    | A::HandshakeFailure
+                    | A::AccessDenied
+            );
+        }
+        next = current.source();
+    }
+    false
 }
 
 /// [`send`] for a request that asks for an upgrade: a `101` answer keeps its `Upgrade`
