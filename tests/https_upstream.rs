@@ -355,3 +355,84 @@ fn check_prints_the_tls_paths_and_round_trips() {
     }
     assert_eq!(config(&printed).expect("printed config loads"), loaded);
 }
+
+/// An upgrade passes through over `https://` as over `http://` (SPEC §11): after `101`
+/// the client connection is joined to the TLS connection byte for byte.
+#[tokio::test]
+async fn an_upgrade_is_joined_over_https() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn read_head<R: tokio::io::AsyncRead + Unpin>(stream: &mut R) -> String {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut byte))
+                .await
+            {
+                Ok(Ok(1)) => head.push(byte[0]),
+                _ => break,
+            }
+        }
+        String::from_utf8_lossy(&head).into_owned()
+    }
+
+    let pki = Pki::new("upgrade");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = PrivateKeyDer::from_pem_file(pki.dir.join("server.key")).expect("server key");
+    let server = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(certs(&pki.dir.join("server.pem")), key)
+        .expect("server config");
+    let acceptor = TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let echo = tokio::spawn(async move {
+        let Ok((tcp, _)) = listener.accept().await else {
+            return;
+        };
+        let Ok(mut tls) = acceptor.accept(tcp).await else {
+            return;
+        };
+        let head = read_head(&mut tls).await.to_ascii_lowercase();
+        assert!(head.contains("upgrade: websocket"), "{head}");
+        // idemgate does not terminate TLS: the client spoke http to it.
+        assert!(head.contains("x-forwarded-proto: http\r\n"), "{head}");
+        let _ = tls
+            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n")
+            .await;
+        let (mut read, mut write) = tokio::io::split(tls);
+        let _ = tokio::io::copy(&mut read, &mut write).await;
+    });
+
+    let yaml = format!(
+        "upstream:\n  url: https://localhost:{port}\n  tls:\n    ca_file: {}\n",
+        pki.path("ca.pem")
+    );
+    let proxy = Proxy::with_config(config(&yaml).expect("valid")).await;
+    let mut client = tokio::net::TcpStream::connect(proxy.addr)
+        .await
+        .expect("connect");
+    client
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: t\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n",
+        )
+        .await
+        .expect("write");
+    let answer = read_head(&mut client).await.to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 101"), "{answer}");
+    client.write_all(b"ping \x00\xff").await.expect("write");
+    let mut echoed = [0u8; 7];
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read_exact(&mut echoed),
+    )
+    .await
+    .expect("echoed in time")
+    .expect("read");
+    assert_eq!(&echoed, b"ping \x00\xff");
+    drop(client);
+    proxy.stop().await;
+    echo.abort();
+}
