@@ -49,8 +49,8 @@ pub(crate) enum UnknownCause {
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProxyError {
-    #[error("the route requires the {header} header")]
-    MissingKey { header: HeaderName },
+    #[error("the route requires an idempotency key in {wanted}")]
+    MissingKey { wanted: String },
     #[error("invalid idempotency key: {0}")]
     InvalidKey(#[source] KeyError),
     #[error("a request with this key is still being executed")]

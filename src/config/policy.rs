@@ -28,14 +28,16 @@ use serde::Deserialize;
 use serde_yaml::Mapping;
 
 use super::render::{
-    choice, duration, flag, header_name, header_pairs, headers, methods, pointers, size, statuses,
-    strings,
+    choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
+    size, statuses, strings,
 };
 use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, Methods, Pick, Pointer, Raw, Size, Status,
+    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Methods, Pick, Pointer, Raw, Size, Status,
 };
-use super::{OnConcurrent, OnUnknownOutcome};
-use crate::idempotency::fingerprint::{BodyForm, FingerprintRules, JsonPointer};
+use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
+use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+use crate::idempotency::pointer::JsonPointer;
+use crate::idempotency::source::KeySource;
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -75,6 +77,7 @@ macro_rules! policy_keys {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
         pub(super) struct RawPolicy {
+            header: Option<Header>,
             $($key: Option<$raw>,)*
         }
 
@@ -84,6 +87,7 @@ macro_rules! policy_keys {
         pub(super) struct RawRoute {
             path: Option<String>,
             $($route_key: Option<$route_raw>,)*
+            header: Option<Header>,
             $($key: Option<$raw>,)*
         }
 
@@ -93,6 +97,9 @@ macro_rules! policy_keys {
             /// The defaults, with the keys written here replaced.
             fn typed(self) -> Policy {
                 let mut policy = Policy::default();
+                if let Some(header) = self.header {
+                    policy.key_from = vec![KeySource::Header(header.typed())];
+                }
                 $(if let Some(value) = self.$key {
                     policy.$key = value.typed();
                 })*
@@ -108,6 +115,9 @@ macro_rules! policy_keys {
                 $(if let Some(value) = self.$route_key {
                     policy.$route_key = value.typed();
                 })*
+                if let Some(header) = self.header {
+                    policy.key_from = vec![KeySource::Header(header.typed())];
+                }
                 $(if let Some(value) = self.$key {
                     policy.$key = value.typed();
                 })*
@@ -116,9 +126,8 @@ macro_rules! policy_keys {
         }
 
         impl Policy {
-            /// The policy's keys as YAML; for a route (`base` given) only those that
-            /// differ from `base`, since the route inherits the rest.
-            pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
+            /// The policy's keys as YAML, `key_from` as written in the struct.
+            fn keys_to_mapping(&self, base: Option<&Policy>) -> Mapping {
                 let mut map = Mapping::new();
                 if let Some(base) = base {
                     $(if self.$route_key != base.$route_key {
@@ -141,10 +150,12 @@ policy_keys! {
         enabled: bool = true, from Flag, show flag;
     }
     inherited {
-        /// The request header that carries the key; lower-cased by `HeaderName`,
-        /// printed as `Idempotency-Key`.
-        header: HeaderName = HeaderName::from_static("idempotency-key"),
-            from Header, show header_name;
+        /// Where the key comes from, in order (SPEC §9); `header: X` is written for
+        /// `key_from: [{header: X}]`.
+        key_from: Vec<KeySource> = vec![KeySource::Header(HeaderName::from_static(
+            "idempotency-key",
+        ))],
+            from KeyFrom, show key_sources;
         /// The guarded methods: non-empty, upper-case; other methods pass through.
         methods: Vec<Method> = vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
             from Methods, show methods;
@@ -205,7 +216,65 @@ policy_keys! {
     }
 }
 
+/// The two spellings of a section's key sources (SPEC §9): `header: X` is shorthand for
+/// `key_from: [{header: X}]`, and a section writes one of them.
+fn one_spelling<H, K>(
+    header: &Option<H>,
+    key_from: &Option<K>,
+    section: &str,
+) -> Result<(), ConfigError> {
+    if header.is_some() && key_from.is_some() {
+        return Err(ConfigError::invalid(
+            format!("{section}.key_from"),
+            format!(
+                "set together with {section}.header; header: X is shorthand for \
+                 key_from: [{{header: X}}], so write one of them"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl RawPolicy {
+    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+        one_spelling(&self.header, &self.key_from, section)
+    }
+}
+
+impl RawRoute {
+    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+        one_spelling(&self.header, &self.key_from, section)
+    }
+}
+
 impl Policy {
+    /// The policy's keys as YAML; for a route (`base` given) only those that differ
+    /// from `base`, since the route inherits the rest. Sources that are one header are
+    /// printed in the short form, `header: X`, as SPEC §6 shows the default.
+    pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
+        let keys = self.keys_to_mapping(base);
+        let [KeySource::Header(name)] = self.key_from.as_slice() else {
+            return keys;
+        };
+        keys.into_iter()
+            .map(|(key, value)| {
+                if key.as_str() == Some("key_from") {
+                    ("header".into(), header_name(name))
+                } else {
+                    (key, value)
+                }
+            })
+            .collect()
+    }
+
+    /// How long a key's record is kept: `ttl`, or the window of a `fingerprint` key.
+    pub fn record_ttl(&self, source: &KeySource) -> Duration {
+        match source {
+            KeySource::Fingerprint(window) => *window,
+            _ => self.ttl,
+        }
+    }
+
     /// What the fingerprint of a request under this policy covers.
     pub fn fingerprint_rules(&self) -> FingerprintRules<'_> {
         FingerprintRules {

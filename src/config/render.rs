@@ -15,7 +15,8 @@ use super::Config;
 use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
-use crate::idempotency::fingerprint::JsonPointer;
+use crate::idempotency::pointer::JsonPointer;
+use crate::idempotency::source::{KeySource, display_name};
 
 pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
@@ -165,6 +166,24 @@ pub(super) fn pointers(list: &[JsonPointer]) -> Value {
         .into()
 }
 
+/// `key_from` entries, each a one-key mapping as written.
+pub(super) fn key_sources(list: &[KeySource]) -> Value {
+    list.iter()
+        .map(|source| {
+            let (kind, value) = match source {
+                KeySource::Header(name) => ("header", header_name(name)),
+                KeySource::Query(name) => ("query", text(name)),
+                KeySource::Json(pointer) => ("json", text(pointer.as_str())),
+                KeySource::Fingerprint(window) => ("fingerprint", duration(window)),
+            };
+            let mut entry = Mapping::new();
+            entry.insert(kind.into(), value);
+            Value::Mapping(entry)
+        })
+        .collect::<Vec<_>>()
+        .into()
+}
+
 pub(super) fn strings(list: &[String]) -> Value {
     list.iter().map(|s| text(s)).collect::<Vec<_>>().into()
 }
@@ -195,15 +214,5 @@ pub(super) fn headers(list: &[HeaderName]) -> Value {
 /// `idempotency-key` -> `Idempotency-Key`: header names are case-insensitive, and this
 /// is how SPEC and the IETF draft spell the request header.
 pub(super) fn header_name(name: &HeaderName) -> Value {
-    name.as_str()
-        .split('-')
-        .map(|part| {
-            let mut chars = part.chars();
-            chars.next().map_or_else(String::new, |c| {
-                c.to_ascii_uppercase().to_string() + chars.as_str()
-            })
-        })
-        .collect::<Vec<_>>()
-        .join("-")
-        .into()
+    display_name(name).into()
 }

@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use super::policy::RawRoute;
 use super::raw::{RawConfig, RawStore};
+use super::units;
 use super::values::Raw;
 use super::{
     AdminConfig, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy, Route,
     RouteMatch, StoreConfig, StoreKind, UpstreamConfig, redact_url,
 };
 use crate::idempotency::fingerprint::BodyForm;
+use crate::idempotency::source::KeySource;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
@@ -19,8 +21,10 @@ const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
-    let idempotency = raw.idempotency.unwrap_or_default().typed();
-    check_fingerprint(&idempotency, "idempotency")?;
+    let idempotency = raw.idempotency.unwrap_or_default();
+    idempotency.check_spelling("idempotency")?;
+    let idempotency = idempotency.typed();
+    check_policy(&idempotency, "idempotency")?;
     let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
@@ -201,8 +205,10 @@ fn split_host_port(address: &str) -> (&str, Option<&str>) {
 fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, ConfigError> {
     let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
     for (index, route) in raw.into_iter().enumerate() {
+        let section = format!("routes[{index}]");
+        route.check_spelling(&section)?;
         let (path, policy) = route.merge(idempotency);
-        check_fingerprint(&policy, &format!("routes[{index}]"))?;
+        check_policy(&policy, &section)?;
         let field = format!("routes[{index}].path");
         let Some(path) = path else {
             return Err(ConfigError::invalid(
@@ -216,9 +222,35 @@ fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, 
     Ok(routes)
 }
 
+/// The checks of SPEC §9 and §10 that involve two keys, on the merged policy, so that a
+/// route is refused for a combination it inherits half of too.
+fn check_policy(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    check_window(policy, section)?;
+    check_fingerprint(policy, section)
+}
+
+/// A `fingerprint` source keeps its records for its window instead of `ttl`, and no
+/// longer (SPEC §9).
+fn check_window(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    for (index, source) in policy.key_from.iter().enumerate() {
+        if let KeySource::Fingerprint(window) = source
+            && *window > policy.ttl
+        {
+            return Err(ConfigError::invalid(
+                format!("{section}.key_from[{index}].fingerprint"),
+                format!(
+                    "window {} is longer than ttl {}; the window must be no longer than ttl",
+                    units::format_duration(*window),
+                    units::format_duration(policy.ttl)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `fingerprint_ignore` points into JSON, which `fingerprint_body: raw` never reads
-/// (SPEC §10); checked on the merged policy, so a route that turns `raw` back on under
-/// an inherited list is refused too.
+/// (SPEC §10).
 fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> {
     if policy.fingerprint_body == BodyForm::Raw && !policy.fingerprint_ignore.is_empty() {
         return Err(ConfigError::invalid(

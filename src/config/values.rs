@@ -16,7 +16,9 @@ use super::units;
 use super::{
     ErrorFormat, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind,
 };
-use crate::idempotency::fingerprint::{BodyForm, JsonPointer};
+use crate::idempotency::fingerprint::BodyForm;
+use crate::idempotency::pointer::JsonPointer;
+use crate::idempotency::source::KeySource;
 
 /// A value as deserialized (checked, and still wrapped so that serde recorded its
 /// path) and the typed value it stands for in [`Config`](super::Config).
@@ -517,6 +519,99 @@ impl<'de> Deserialize<'de> for CookieName {
     }
 }
 
+/// `key_from` (SPEC §9): a non-empty list of sources, `fingerprint` only as the last.
+#[derive(Debug, Clone)]
+pub(super) struct KeyFrom(pub(super) Vec<KeySource>);
+
+impl<'de> Deserialize<'de> for KeyFrom {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let sources: Vec<KeySource> = Vec::<Source>::deserialize(d)?
+            .into_iter()
+            .map(|source| source.0)
+            .collect();
+        if sources.is_empty() {
+            return Err(de::Error::custom(
+                "must not be empty; list where the key comes from, \
+                 e.g. [{header: Idempotency-Key}]",
+            ));
+        }
+        let last = sources.len() - 1;
+        if let Some(at) = sources
+            .iter()
+            .position(|source| matches!(source, KeySource::Fingerprint(_)))
+            .filter(|at| *at < last)
+        {
+            return Err(de::Error::custom(format!(
+                "fingerprint (entry {at}) must be the last source: it is always present, \
+                 so no source after it would ever be tried"
+            )));
+        }
+        Ok(KeyFrom(sources))
+    }
+}
+
+/// One `key_from` entry: a mapping with exactly one of its four keys.
+struct Source(KeySource);
+
+const SOURCE_KINDS: &[&str] = &["header", "query", "json", "fingerprint"];
+
+impl<'de> Deserialize<'de> for Source {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(SourceVisitor)
+    }
+}
+
+struct SourceVisitor;
+
+impl<'de> Visitor<'de> for SourceVisitor {
+    type Value = Source;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "a mapping with one of header, query, json, fingerprint, \
+             such as {header: X-Request-Id}",
+        )
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Source, A::Error> {
+        let Some(kind) = map.next_key::<String>()? else {
+            return Err(de::Error::custom(
+                "is empty; each entry has exactly one of header, query, json, fingerprint",
+            ));
+        };
+        let source = match kind.as_str() {
+            "header" => KeySource::Header(map.next_value::<Header>()?.0),
+            "query" => KeySource::Query(map.next_value::<QueryName>()?.0),
+            "json" => KeySource::Json(map.next_value::<Pointer>()?.0),
+            "fingerprint" => KeySource::Fingerprint(map.next_value::<Dur>()?.0),
+            other => return Err(de::Error::unknown_field(other, SOURCE_KINDS)),
+        };
+        if let Some(extra) = map.next_key::<String>()? {
+            return Err(de::Error::custom(format!(
+                "has both {kind} and {extra}; each entry has exactly one of header, query, \
+                 json, fingerprint"
+            )));
+        }
+        Ok(Source(source))
+    }
+}
+
+/// A query parameter name, compared with each parameter's decoded name.
+struct QueryName(String);
+
+impl<'de> Deserialize<'de> for QueryName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a query parameter name such as request_id";
+        let name = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        if name.is_empty() {
+            return Err(de::Error::custom(
+                "must not be empty; expected a query parameter name such as request_id",
+            ));
+        }
+        Ok(QueryName(name))
+    }
+}
+
 /// A map of header name to value (`replay_error_headers`), in file order.
 #[derive(Debug, Clone)]
 pub(super) struct HeaderPairs(pub(super) Vec<(HeaderName, HeaderValue)>);
@@ -590,6 +685,7 @@ raw_newtypes! {
     HeaderPairs => Vec<(HeaderName, HeaderValue)>,
     ContentType => HeaderValue,
     Pointer => JsonPointer,
+    KeyFrom => Vec<KeySource>,
 }
 
 impl Choice for RouteMatch {

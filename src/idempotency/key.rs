@@ -1,4 +1,5 @@
-//! The `Idempotency-Key` header: parsing, validation and the scoped storage key.
+//! Key syntax (SPEC §8) and the scoped record address (SPEC §3, §9). Where a key is
+//! looked for is `source.rs`.
 
 use http::HeaderMap;
 use http::header::{AUTHORIZATION, COOKIE, HeaderName};
@@ -12,6 +13,12 @@ pub const MAX_KEY_LEN: usize = 255;
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
+    /// The key of a request keyed by its own fingerprint (SPEC §9 `fingerprint`): the
+    /// digest in hex, 64 characters.
+    pub fn from_digest(digest: &[u8; 32]) -> Self {
+        Self(hex(digest))
+    }
+
     /// The key as the client meant it (structured-field quoting resolved).
     pub fn as_str(&self) -> &str {
         &self.0
@@ -38,6 +45,8 @@ pub enum KeyError {
     Repeated,
     #[error("the quoted key is not a valid structured-field string")]
     BadString,
+    #[error("the key in the JSON body is neither a string nor an integer")]
+    NotStringOrInteger,
 }
 
 /// Reads the key from `headers`. `Ok(None)` when the header is absent.
@@ -58,10 +67,19 @@ pub fn parse_key(
 /// Parses one header value: a structured-field string when it starts with `"`, the bare
 /// token otherwise. Both spellings of the same key name the same record.
 pub fn parse_value(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
-    let key = match raw.first() {
-        Some(b'"') => unquote(&raw[1..])?,
-        _ => raw.to_vec(),
-    };
+    match raw.first() {
+        Some(b'"') => checked(unquote(&raw[1..])?),
+        _ => parse_plain(raw),
+    }
+}
+
+/// Takes a value as it is, quotes included: query and JSON values, which have their
+/// own quoting (SPEC §9).
+pub fn parse_plain(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
+    checked(raw.to_vec())
+}
+
+fn checked(key: Vec<u8>) -> Result<IdempotencyKey, KeyError> {
     if key.is_empty() {
         return Err(KeyError::Empty);
     }
@@ -100,8 +118,9 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
     Err(KeyError::BadString)
 }
 
-/// The address of a record: sha256 over the scope values and the key. Stores put their
-/// `key_prefix` in front of its hex form; raw keys and credentials never reach a store.
+/// The address of a record: sha256 over the scope values, the key's source and the key.
+/// Stores put their `key_prefix` in front of its hex form; raw keys and credentials
+/// never reach a store.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ScopedKey([u8; 32]);
 
@@ -113,14 +132,20 @@ pub struct Scope<'a> {
     pub cookies: &'a [String],
 }
 
+/// The label of the SPEC §3 source, the `Idempotency-Key` header. Its records keep the
+/// address they had before key sources existed, so that an upgrade in the middle of a
+/// key's life does not execute its retry again; every other source enters the hash.
+pub const DEFAULT_SOURCE: &str = "header:idempotency-key";
+
 impl ScopedKey {
-    /// The key scoped by request headers only: [`ScopedKey::scoped`] with no cookies.
+    /// A key from the `Idempotency-Key` header scoped by request headers only:
+    /// [`ScopedKey::scoped`] with no cookies.
     pub fn new(headers: &HeaderMap, scope_headers: &[HeaderName], key: &IdempotencyKey) -> Self {
         let scope = Scope {
             headers: scope_headers,
             cookies: &[],
         };
-        Self::scoped(headers, scope, key)
+        Self::scoped(headers, scope, DEFAULT_SOURCE, key)
     }
 
     /// Computes the key from the scope values of a request. Each header or cookie
@@ -128,8 +153,15 @@ impl ScopedKey {
     /// different inputs (`a:b`+`c` versus `a`+`b:c`, absent versus empty) hash alike.
     /// The scheme of an `Authorization` value is compared case-insensitively. Cookies
     /// enter the hash only when the policy names some, so that adding `scope_cookies`
-    /// to a policy moves no other policy's records.
-    pub fn scoped(headers: &HeaderMap, scope: Scope<'_>, key: &IdempotencyKey) -> Self {
+    /// to a policy moves no other policy's records. `source` is the label of the key's
+    /// source (`KeySource::label`), so that the same string from two sources names two
+    /// keys.
+    pub fn scoped(
+        headers: &HeaderMap,
+        scope: Scope<'_>,
+        source: &str,
+        key: &IdempotencyKey,
+    ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-scope-v1");
         for name in scope.headers {
@@ -146,6 +178,11 @@ impl ScopedKey {
             for name in scope.cookies {
                 hash_cookie(&mut hash, headers, name);
             }
+        }
+        if source != DEFAULT_SOURCE {
+            // Like the cookie marker, never the first byte of a length prefix.
+            hash.update(b"source");
+            hash_field(&mut hash, source.as_bytes());
         }
         hash_field(&mut hash, key.0.as_bytes());
         Self(hash.finalize().into())
@@ -261,14 +298,30 @@ mod tests {
             cookies: &names,
         };
         let k = key("k1");
-        let a = ScopedKey::scoped(&headers(&[("cookie", "theme=dark; session=A")]), scope, &k);
-        let b = ScopedKey::scoped(&headers(&[("cookie", "session=B; theme=dark")]), scope, &k);
+        let a = ScopedKey::scoped(
+            &headers(&[("cookie", "theme=dark; session=A")]),
+            scope,
+            DEFAULT_SOURCE,
+            &k,
+        );
+        let b = ScopedKey::scoped(
+            &headers(&[("cookie", "session=B; theme=dark")]),
+            scope,
+            DEFAULT_SOURCE,
+            &k,
+        );
         let a_again = ScopedKey::scoped(
             &headers(&[("cookie", "x=1"), ("cookie", "session=A")]),
             scope,
+            DEFAULT_SOURCE,
             &k,
         );
-        let none = ScopedKey::scoped(&headers(&[("cookie", "sessionX=A")]), scope, &k);
+        let none = ScopedKey::scoped(
+            &headers(&[("cookie", "sessionX=A")]),
+            scope,
+            DEFAULT_SOURCE,
+            &k,
+        );
         assert_ne!(a, b, "tenant B never sees tenant A's record");
         assert_eq!(a, a_again, "other cookies and header splits do not matter");
         assert_ne!(a, none);
@@ -279,7 +332,7 @@ mod tests {
             cookies: &[],
         };
         assert_eq!(
-            ScopedKey::scoped(&plain, no_cookies, &k),
+            ScopedKey::scoped(&plain, no_cookies, DEFAULT_SOURCE, &k),
             ScopedKey::new(&plain, &[AUTHORIZATION], &k)
         );
     }
@@ -303,6 +356,49 @@ mod tests {
         hash_field(&mut hash, b"Bearer tok");
         hash_field(&mut hash, b"k1");
         assert_eq!(of("Bearer tok"), ScopedKey(hash.finalize().into()));
+    }
+
+    #[test]
+    fn the_source_is_part_of_the_address() {
+        let k = key("ord-7");
+        let hs = headers(&[("authorization", "Bearer t")]);
+        let scope = Scope {
+            headers: &[AUTHORIZATION],
+            cookies: &[],
+        };
+        let at = |source: &str| ScopedKey::scoped(&hs, scope, source, &k);
+        let labels = [
+            DEFAULT_SOURCE,
+            "header:x-request-id",
+            "query:request_id",
+            "json:/payment/reference",
+            "fingerprint",
+        ];
+        for (i, a) in labels.iter().enumerate() {
+            for b in &labels[i + 1..] {
+                assert_ne!(at(a), at(b), "{a} and {b}");
+            }
+        }
+        // The default source keeps the SPEC §3 address records had before sources.
+        assert_eq!(
+            at(DEFAULT_SOURCE),
+            ScopedKey::new(&hs, &[AUTHORIZATION], &k)
+        );
+        // Source and key cannot shift into each other.
+        assert_ne!(
+            ScopedKey::scoped(&hs, scope, "query:a", &key("bc")),
+            ScopedKey::scoped(&hs, scope, "query:ab", &key("c"))
+        );
+    }
+
+    #[test]
+    fn plain_values_keep_their_quotes() {
+        assert_eq!(
+            parse_plain(b"\"q\"").map(|k| k.as_str().to_owned()),
+            Ok("\"q\"".to_owned())
+        );
+        assert_eq!(parse_plain(b""), Err(KeyError::Empty));
+        assert_eq!(parse_plain(b"a,b"), Err(KeyError::BadCharacter));
     }
 
     #[test]

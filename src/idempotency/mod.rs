@@ -5,9 +5,12 @@
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
+pub mod pointer;
 pub mod record;
+pub mod source;
 
 pub use decide::{AfterTakeOver, Decision, Rejection, decide};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, Scope, ScopedKey};
 pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody};
+pub use source::{Found, KeySource, Offered};

@@ -40,6 +40,7 @@ pub(crate) async fn claim<S: Store>(
     policy: &Policy,
     key: ScopedKey,
     fingerprint: Fingerprint,
+    ttl: Duration,
 ) -> Result<Claimed, ProxyError> {
     let mut waiter = Waiter::default();
     let mut races = 0;
@@ -49,7 +50,7 @@ pub(crate) async fn claim<S: Store>(
             fingerprint,
             token: OwnerToken::random(),
             lease: policy.lease,
-            ttl: policy.ttl,
+            ttl,
         };
         let (record, now_ms) = match state.store.claim(claim).await {
             Ok(Claim::Acquired(lease)) => return Ok(Claimed::Owned(lease)),
@@ -116,7 +117,7 @@ async fn take_over<S: Store>(
                     AfterTakeOver::RecordUnknown => Job::Record {
                         lease,
                         record: Arc::new(abandoned_record(&state.config.errors, claim.fingerprint)),
-                        ttl: policy.ttl,
+                        ttl: claim.ttl,
                     },
                 });
             }

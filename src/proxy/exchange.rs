@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
@@ -34,6 +35,8 @@ use crate::store::{Lease, Store};
 #[derive(Debug)]
 pub(crate) struct Guarded {
     pub(crate) scoped: ScopedKey,
+    /// How long the record is kept: `ttl`, or a `fingerprint` key's window.
+    pub(crate) ttl: Duration,
     pub(crate) fingerprint: Fingerprint,
     pub(crate) parts: Parts,
     pub(crate) body: Bytes,
@@ -70,6 +73,7 @@ async fn exchange<S: Store>(
     // The request body's share of the buffer budget is held until the exchange ends.
     let Guarded {
         fingerprint,
+        ttl,
         parts,
         body,
         peer,
@@ -90,7 +94,7 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            return Err(failed(state, lease, policy, fingerprint, failure).await);
+            return Err(failed(state, lease, policy, fingerprint, ttl, failure).await);
         }
     };
     // The replay marker is ours to set: an upstream's own must not make a first response
@@ -117,7 +121,7 @@ async fn exchange<S: Store>(
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
         Err(failure) => {
-            return Err(failed(state, lease, policy, fingerprint, failure).await);
+            return Err(failed(state, lease, policy, fingerprint, ttl, failure).await);
         }
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
@@ -127,7 +131,7 @@ async fn exchange<S: Store>(
         headers: stored_headers(&head.headers, &policy.replay_drop_headers),
         body: stored,
     };
-    let outcome = lease.complete(record, policy.ttl).await;
+    let outcome = lease.complete(record, ttl).await;
     failpoint::hit(failpoint::AFTER_RECORD);
     Ok(Reply::new(outcome, Response::from_parts(head, to_client)))
 }
@@ -154,6 +158,7 @@ async fn failed<S: Store>(
     lease: LeaseGuard<S>,
     policy: &Policy,
     fingerprint: Fingerprint,
+    ttl: Duration,
     failure: Failure,
 ) -> ProxyError {
     let err = ProxyError::from(failure);
@@ -166,7 +171,7 @@ async fn failed<S: Store>(
         (_, OnUnknownOutcome::Record) => {
             let record = problem_record(&err.problem(), &state.config.errors, fingerprint);
             // The count is outcome_unknown whether or not the record could be kept.
-            let _ = lease.complete(record, policy.ttl).await;
+            let _ = lease.complete(record, ttl).await;
         }
     }
     err
@@ -179,11 +184,12 @@ pub(crate) async fn record_abandoned<S: Store>(
     policy: &Policy,
     lease: Lease,
     fingerprint: Fingerprint,
+    ttl: Duration,
 ) -> Reply {
     let record = abandoned_record(&state.config.errors, fingerprint);
     let response = replay_response(&record, policy);
     let lease = LeaseGuard::new(state, lease, policy.lease);
-    let _ = lease.complete(record, policy.ttl).await;
+    let _ = lease.complete(record, ttl).await;
     Reply::new(Outcome::OutcomeUnknown, response)
 }
 

@@ -9,11 +9,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Request, Response, Uri};
+use http_body_util::Full;
 
 use super::body::{Capped, ProxyBody, RequestBody, collect_capped};
+use super::budget::Held;
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded};
 use super::reply::{Reply, finish, replay_response};
@@ -22,8 +25,8 @@ use super::{AppState, PolicyId};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::{ProxyError, TargetError};
-use crate::idempotency::key::parse_key;
-use crate::idempotency::{Fingerprint, Scope, ScopedKey};
+use crate::idempotency::source::{self, Found, KeySource, Offered};
+use crate::idempotency::{Fingerprint, IdempotencyKey, Scope, ScopedKey};
 use crate::metrics::Outcome;
 use crate::store::{Lease, Store, StoreError};
 
@@ -93,27 +96,34 @@ async fn route<S: Store, B: RequestBody>(
     if !policy.enabled || !view::guarded_method(req.method(), req.headers(), &policy.methods) {
         return pass_through(state, req, peer).await;
     }
-    let Some(key) = parse_key(req.headers(), &policy.header).map_err(ProxyError::InvalidKey)?
-    else {
-        if policy.required {
-            return Err(ProxyError::MissingKey {
-                header: policy.header.clone(),
-            });
+    let head = Offered {
+        headers: req.headers(),
+        query: req.uri().query(),
+        body: None,
+    };
+    let found = source::find(&policy.key_from, head).map_err(ProxyError::InvalidKey)?;
+    if found == Found::Absent {
+        return keyless(state, policy, req, peer).await;
+    }
+    let read = read_body(state, policy, req).await?;
+    let found = match found {
+        Found::Key(source, key) => Found::Key(source, key),
+        // A source that reads the body was reached: look again, with it.
+        _ => source::find(&policy.key_from, read.offered()).map_err(ProxyError::InvalidKey)?,
+    };
+    let req = match found {
+        Found::Key(source, key) => guard(policy, read, peer, source, Some(key)),
+        Found::Fingerprint(source) => guard(policy, read, peer, source, None),
+        Found::Absent | Found::NeedsBody => {
+            return keyless(state, policy, read.into_request(), peer).await;
         }
-        return pass_through(state, req, peer).await;
     };
-    let scope = Scope {
-        headers: &policy.scope_headers,
-        cookies: &policy.scope_cookies,
-    };
-    let scoped = ScopedKey::scoped(req.headers(), scope, &key);
-    *scoped_key = Some(scoped);
-    let req = buffer(state, policy, req, peer, scoped).await?;
-    let next = match claim::claim(state, policy, req.scoped, req.fingerprint).await? {
+    *scoped_key = Some(req.scoped);
+    let next = match claim::claim(state, policy, req.scoped, req.fingerprint, req.ttl).await? {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
-        Claimed::Abandoned(lease) => {
-            Next::Answer(exchange::record_abandoned(state, policy, lease, req.fingerprint).await)
-        }
+        Claimed::Abandoned(lease) => Next::Answer(
+            exchange::record_abandoned(state, policy, lease, req.fingerprint, req.ttl).await,
+        ),
         Claimed::Replay(completed) => Next::Answer(Reply::new(
             Outcome::Replayed,
             replay_response(&completed, policy),
@@ -147,15 +157,36 @@ fn one_view<B>(mut req: Request<B>) -> Result<Request<B>, ProxyError> {
     Ok(req)
 }
 
+/// A guarded request with its body read whole.
+struct Read {
+    parts: Parts,
+    body: Bytes,
+    /// The body's share of `max_buffered_bytes`.
+    held: Held,
+}
+
+impl Read {
+    fn offered(&self) -> Offered<'_> {
+        Offered {
+            headers: &self.parts.headers,
+            query: self.parts.uri.query(),
+            body: Some(&self.body),
+        }
+    }
+
+    /// The request again, to forward unguarded with the very same body bytes.
+    fn into_request(self) -> Request<Full<Bytes>> {
+        Request::from_parts(self.parts, Full::new(self.body))
+    }
+}
+
 /// Reads a guarded body whole, before anything is claimed; a client that trickles it
 /// gets as long as the upstream would, then 408, holding no claim.
-async fn buffer<S: Store, B: RequestBody>(
+async fn read_body<S: Store, B: RequestBody>(
     state: &AppState<S>,
     policy: &Policy,
     req: Request<B>,
-    peer: SocketAddr,
-    scoped: ScopedKey,
-) -> Result<Guarded, ProxyError> {
+) -> Result<Read, ProxyError> {
     let limit = policy.max_request_body;
     let length = content_length(req.headers());
     if length.is_some_and(|len| len > limit) {
@@ -179,6 +210,19 @@ async fn buffer<S: Store, B: RequestBody>(
         Capped::Overflow { .. } => return Err(ProxyError::BodyTooLarge { limit }),
         Capped::OverBudget => return Err(ProxyError::Overloaded),
     };
+    Ok(Read { parts, body, held })
+}
+
+/// Fingerprints a read request and addresses its record: under its key and source, or,
+/// for the `fingerprint` source (`key` is `None`), under the fingerprint itself.
+fn guard(
+    policy: &Policy,
+    read: Read,
+    peer: SocketAddr,
+    source: &KeySource,
+    key: Option<IdempotencyKey>,
+) -> Guarded {
+    let Read { parts, body, held } = read;
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let fingerprint = Fingerprint::new(
         &parts.method,
@@ -187,14 +231,47 @@ async fn buffer<S: Store, B: RequestBody>(
         &policy.fingerprint_rules(),
         &body,
     );
-    Ok(Guarded {
-        scoped,
+    let key = key.unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
+    let scope = Scope {
+        headers: &policy.scope_headers,
+        cookies: &policy.scope_cookies,
+    };
+    Guarded {
+        scoped: ScopedKey::scoped(&parts.headers, scope, &source.label(), &key),
+        ttl: policy.record_ttl(source),
         fingerprint,
         parts,
         body,
         peer,
         held,
-    })
+    }
+}
+
+/// A guarded request in which no source found a key: refused under `required`,
+/// forwarded unguarded otherwise.
+async fn keyless<S: Store, B: RequestBody>(
+    state: &AppState<S>,
+    policy: &Policy,
+    req: Request<B>,
+    peer: SocketAddr,
+) -> Result<Next, ProxyError> {
+    if policy.required {
+        return Err(ProxyError::MissingKey {
+            wanted: wanted(&policy.key_from),
+        });
+    }
+    pass_through(state, req, peer).await
+}
+
+/// Where a key may be sent, for a client that sent none: "the Idempotency-Key header",
+/// "the X-Request-Id header or the request_id query parameter".
+fn wanted(sources: &[KeySource]) -> String {
+    let described: Vec<String> = sources.iter().map(KeySource::describe).collect();
+    match described.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => "an idempotency key".to_owned(),
+    }
 }
 
 /// The store did not answer the claim: `on_unavailable` decides.

@@ -37,7 +37,7 @@ fn unknown_keys_are_errors_naming_their_path() {
     );
     let message = error_at(&with_minimal("idempotency:\n  foo: 1\n"), "idempotency.foo");
     assert!(message.contains("unknown field 'foo'"), "{message}");
-    assert!(message.contains("header, methods"), "{message}");
+    assert!(message.contains("header, key_from, methods"), "{message}");
     error_at(&with_minimal("upstream_url: x\n"), "upstream_url");
     error_at(
         "upstream:\n  url: http://a\n  retries: 3\n",

@@ -6,7 +6,9 @@ use std::path::Path;
 use http::{HeaderName, Method, StatusCode, Uri};
 
 use super::*;
-use crate::idempotency::fingerprint::{BodyForm, JsonPointer};
+use crate::idempotency::fingerprint::BodyForm;
+use crate::idempotency::pointer::JsonPointer;
+use crate::idempotency::source::KeySource;
 
 mod errors;
 mod examples;
@@ -97,7 +99,10 @@ fn a_minimal_file_gets_every_default() {
     );
     let policy = &config.idempotency;
     assert!(policy.enabled);
-    assert_eq!(policy.header, header("idempotency-key"));
+    assert_eq!(
+        policy.key_from,
+        [KeySource::Header(header("idempotency-key"))]
+    );
     assert_eq!(
         policy.methods,
         [Method::POST, Method::PUT, Method::PATCH, Method::DELETE]
@@ -219,7 +224,7 @@ fn every_key_can_be_overridden() {
     );
     let expected = Policy {
         enabled: true,
-        header: header("x-request-key"),
+        key_from: vec![KeySource::Header(header("x-request-key"))],
         methods: vec![Method::POST, Method::PUT],
         required: true,
         ttl: secs(7 * 86_400),
