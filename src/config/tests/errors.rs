@@ -609,3 +609,104 @@ fn case_insensitive_routes_match_regardless_of_ascii_case() {
     assert_eq!(loose.route_index("/CHARGES"), Some(0));
     assert_eq!(loose.route_index("/ChargesX"), None);
 }
+
+#[test]
+fn key_sources_are_checked() {
+    let at = |yaml: &str, path: &str| error_at(&with_minimal(yaml), path);
+    // Both spellings in one section, at the top or in a route.
+    let message = at(
+        "idempotency:\n  header: X-Key\n  key_from: [{header: X-Request-Id}]\n",
+        "idempotency.key_from",
+    );
+    assert!(message.contains("idempotency.header"), "{message}");
+    at(
+        "routes:\n  - path: /a\n    header: X-Key\n    key_from: [{query: id}]\n",
+        "routes[0].key_from",
+    );
+    let message = at("idempotency:\n  key_from: []\n", "idempotency.key_from");
+    assert!(message.contains("must not be empty"), "{message}");
+    // Each entry has exactly one of the four keys.
+    let message = at(
+        "idempotency:\n  key_from:\n    - header: X-Request-Id\n      query: id\n",
+        "idempotency.key_from[0]",
+    );
+    assert!(
+        message.contains("exactly one of header, query, json, fingerprint"),
+        "{message}"
+    );
+    let message = at(
+        "idempotency:\n  key_from: [{}]\n",
+        "idempotency.key_from[0]",
+    );
+    assert!(message.contains("exactly one of"), "{message}");
+    let message = at(
+        "idempotency:\n  key_from: [{cookie: sid}]\n",
+        "idempotency.key_from[0]",
+    );
+    assert!(
+        message
+            .contains("unknown field 'cookie', expected one of header, query, json, fingerprint"),
+        "{message}"
+    );
+    at(
+        "idempotency:\n  key_from: [X-Request-Id]\n",
+        "idempotency.key_from[0]",
+    );
+    at(
+        "idempotency:\n  key_from: {header: X}\n",
+        "idempotency.key_from",
+    );
+    // Each value is checked as its kind.
+    at(
+        "idempotency:\n  key_from: [{header: \"bad header\"}]\n",
+        "idempotency.key_from[0].header",
+    );
+    at(
+        "idempotency:\n  key_from: [{query: \"\"}]\n",
+        "idempotency.key_from[0].query",
+    );
+    let message = at(
+        "idempotency:\n  key_from: [{header: A}, {json: payment/ref}]\n",
+        "idempotency.key_from[1].json",
+    );
+    assert!(
+        message.contains("must be \"\" or start with '/'"),
+        "{message}"
+    );
+    at(
+        "idempotency:\n  key_from: [{json: \"/a~2\"}]\n",
+        "idempotency.key_from[0].json",
+    );
+    at(
+        "idempotency:\n  key_from: [{fingerprint: 0s}]\n",
+        "idempotency.key_from[0].fingerprint",
+    );
+    at(
+        "idempotency:\n  key_from: [{fingerprint: 120}]\n",
+        "idempotency.key_from[0].fingerprint",
+    );
+    // `fingerprint` is always present, so it is the last source.
+    let message = at(
+        "idempotency:\n  key_from: [{fingerprint: 2m}, {header: X-Request-Id}]\n",
+        "idempotency.key_from",
+    );
+    assert!(message.contains("must be the last source"), "{message}");
+    // The window is no longer than ttl, on the merged policy.
+    let message = at(
+        "idempotency:\n  ttl: 1m\n  key_from: [{header: A}, {fingerprint: 2m}]\n",
+        "idempotency.key_from[1].fingerprint",
+    );
+    assert!(
+        message.contains("window 2m is longer than ttl 1m"),
+        "{message}"
+    );
+    at(
+        "idempotency:\n  key_from: [{fingerprint: 2m}]\nroutes:\n  - path: /a\n    ttl: 30s\n",
+        "routes[0].key_from[0].fingerprint",
+    );
+    // Equal is fine, and a route that replaces the sources drops the window.
+    parse_ok(&with_minimal(
+        "idempotency:\n  ttl: 2m\n  key_from: [{fingerprint: 2m}]\n\
+         routes:\n  - path: /a\n    ttl: 1m\n    header: X-Key\n",
+    ));
+}

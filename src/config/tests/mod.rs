@@ -504,3 +504,44 @@ fn from_file_names_the_path_it_cannot_read() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/minimal.yaml");
     assert_eq!(Config::from_file(&example).unwrap(), parse_ok(MINIMAL));
 }
+
+#[test]
+fn key_sources_are_read_inherited_and_replaced() {
+    let config = parse_ok(&with_minimal(
+        "idempotency:\n  key_from:\n    - header: Idempotency-Key\n    - header: X-Request-Id\n\
+         \x20   - query: request_id\n    - json: /payment/reference\n    - fingerprint: 2m\n\
+         routes:\n  - path: /a\n  - path: /b\n    header: X-B-Key\n  - path: /c\n    key_from: [{json: /id}]\n",
+    ));
+    let all = vec![
+        KeySource::Header(header("idempotency-key")),
+        KeySource::Header(header("x-request-id")),
+        KeySource::Query("request_id".to_owned()),
+        KeySource::Json(JsonPointer::parse("/payment/reference").unwrap()),
+        KeySource::Fingerprint(Duration::from_secs(120)),
+    ];
+    assert_eq!(config.idempotency.key_from, all);
+    assert_eq!(config.routes[0].policy.key_from, all, "inherited");
+    assert_eq!(
+        config.routes[1].policy.key_from,
+        [KeySource::Header(header("x-b-key"))],
+        "header: replaces the inherited sources"
+    );
+    assert_eq!(
+        config.routes[2].policy.key_from,
+        [KeySource::Json(JsonPointer::parse("/id").unwrap())]
+    );
+    // `header: X` is `key_from: [{header: X}]`, printed in the short form; longer lists
+    // print as written, and the printed form loads back to the same configuration.
+    let yaml = config.to_yaml();
+    assert!(yaml.contains("  key_from:\n  - header: Idempotency-Key\n  - header: X-Request-Id\n  - query: request_id\n  - json: /payment/reference\n  - fingerprint: 2m\n"), "{yaml}");
+    assert!(yaml.contains("- path: /b\n  header: X-B-Key\n"), "{yaml}");
+    assert_eq!(parse_ok(&yaml), config, "{yaml}");
+    let short = parse_ok(&with_minimal(
+        "idempotency:\n  key_from: [{header: X-Key}]\n",
+    ));
+    assert_eq!(
+        short,
+        parse_ok(&with_minimal("idempotency:\n  header: X-Key\n"))
+    );
+    assert!(short.to_yaml().contains("  header: X-Key\n"));
+}
