@@ -123,7 +123,8 @@ async fn a_bad_present_source_is_invalid_and_later_sources_are_not_tried() {
     let proxy = Proxy::start(ALL_SOURCES, &up).await;
     let c = proxy.client();
     let body = r#"{"payment":{"reference":"fine"}}"#;
-    let cases: [(&str, Vec<(&str, &str)>, &str); 4] = [
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: [Case; 4] = [
         (
             "/p?request_id=fine",
             vec![("x-request-id", "a"), ("x-request-id", "b"), JSON],
