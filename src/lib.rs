@@ -8,7 +8,8 @@
 //! - `error` (private): the errors the proxy answers itself, their one status table and
 //!   their outcome labels.
 //! - `failpoint` (private): named crash points for the fault suite (feature `failpoints`).
-//! - [`idempotency`]: the pure engine: keys, fingerprints, records, the decision table.
+//! - [`idempotency`]: the pure engine: key sources, keys and record addresses,
+//!   fingerprints, records, the decision table.
 //! - [`store`]: the [`store::Store`] trait, its backends (memory, redis) and the timing
 //!   decorator every call goes through.
 //! - [`proxy`]: accept loop and shutdown, then the request path in the order a request
