@@ -344,3 +344,46 @@ async fn a_fingerprint_record_lives_for_its_window() {
     assert!(ttls[1] > 23 * 3_600_000, "ttl for a header key: {ttls:?}");
     proxy.stop().await;
 }
+
+/// Hostile bodies get a clear answer, never a panic or a stack overflow, and nothing is
+/// stored for them.
+#[tokio::test]
+async fn hostile_json_bodies_get_clear_answers() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  required: true\n  \
+                max_request_body: 2MiB\n  fingerprint_body: json\n  key_from: [{json: /id}]\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    // Nested 10,000 deep: not JSON to the parser (it stops at 128 levels), so no key.
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let answer = post(&c, "/o", &[JSON], &deep).await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.problem(), "missing-key");
+    let deep_object = format!(
+        r#"{{"id":"k","x":{}{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    assert_eq!(
+        post(&c, "/o", &[JSON], &deep_object).await.problem(),
+        "missing-key"
+    );
+    // A 1 MiB string at the pointer breaks the key syntax (255 at most).
+    let long = format!(r#"{{"id":"{}"}}"#, "k".repeat(1 << 20));
+    let answer = post(&c, "/o", &[JSON], &long).await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.problem(), "invalid-key");
+    // Not UTF-8: not JSON.
+    let answer = c
+        .send_bytes("POST", "/o", &[JSON], b"{\"id\":\"k\xff\"}".to_vec())
+        .await;
+    assert_eq!(answer.problem(), "missing-key");
+    assert_eq!(up.count(), 0);
+    // Duplicate member names: the last one counts, as in most JSON parsers, for the key
+    // and for the canonical fingerprint alike.
+    let first = post(&c, "/o", &[JSON], r#"{"id":"a","id":"b","n":1}"#).await;
+    assert_eq!(first.status, 201);
+    let same = post(&c, "/o", &[JSON], r#"{"n":1,"id":"b"}"#).await;
+    assert!(same.replayed(), "{}", same.text());
+    assert_eq!(up.count(), 1);
+}

@@ -121,6 +121,7 @@ fn array_index(token: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -169,6 +170,51 @@ mod tests {
             "/payment/reference/x",
         ] {
             assert_eq!(at(nothing), None, "{nothing}");
+        }
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "[a-c~/0-9]{0,3}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 48, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-c~/0-9]{0,2}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any text is a pointer or a clear error, and a pointer prints as written.
+        #[test]
+        fn parsing_never_panics(text in "\\PC{0,12}|[/~01a]{0,8}") {
+            if let Ok(pointer) = JsonPointer::parse(&text) {
+                prop_assert_eq!(pointer.as_str(), text.as_str());
+            }
+        }
+
+        /// Resolving and removing never panic; after a removal the pointer resolves to
+        /// nothing (or, for "", to null), and nothing else of the body moved.
+        #[test]
+        fn resolve_and_remove_agree(value in json(), text in "(/[a-c~/0-9]{0,2}){0,3}") {
+            let Ok(pointer) = JsonPointer::parse(&text) else {
+                return Ok(());
+            };
+            let found = pointer.resolve(&value).cloned();
+            let mut removed = value.clone();
+            pointer.remove_from(&mut removed);
+            match (&found, pointer.tokens.is_empty()) {
+                (_, true) => prop_assert_eq!(removed, Value::Null),
+                (None, false) => prop_assert_eq!(removed, value),
+                // An array element shifts the ones after it, so only a member is gone
+                // for sure; either way the body changed.
+                (Some(_), false) => prop_assert_ne!(removed, value),
+            }
         }
     }
 }

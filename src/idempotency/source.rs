@@ -408,4 +408,35 @@ mod tests {
         );
         assert_eq!(header("x-request-id").describe(), "the X-Request-Id header");
     }
+
+    proptest::proptest! {
+        /// Whatever the head and body, the sources find a key, none, or a clear error;
+        /// a key found always has the key syntax.
+        #[test]
+        fn finding_never_panics(
+            raw_header in proptest::collection::vec(0u8..=255, 0..20),
+            query in "[a-z_=&%0-9A-F+]{0,24}",
+            body in proptest::collection::vec(0u8..=255, 0..40),
+            json_text in "\\{\"id\": ?(\"[ -~]{0,8}\"|-?[0-9]{1,22}(\\.[0-9])?|true|null|\\[\\]|\\{\\})\\}",
+        ) {
+            let list = sources(&[
+                header("x-request-id"),
+                KeySource::Query("id".to_owned()),
+                json("/id"),
+                KeySource::Fingerprint(Duration::from_secs(1)),
+            ]);
+            let mut hs = headers(&[("content-type", "application/json")]);
+            if let Ok(value) = HeaderValue::from_bytes(&raw_header) {
+                hs.insert("x-request-id", value);
+            }
+            for body in [&body[..], json_text.as_bytes()] {
+                let offered = Offered { headers: &hs, query: Some(&query), body: Some(body) };
+                if let Ok(Found::Key(_, key)) = find(&list, offered) {
+                    let k = key.as_str();
+                    proptest::prop_assert!(!k.is_empty() && k.len() <= 255);
+                    proptest::prop_assert!(k.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b','));
+                }
+            }
+        }
+    }
 }

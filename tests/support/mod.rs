@@ -192,15 +192,25 @@ impl TestClient {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Resp {
+        self.send_bytes(method, path, headers, body.as_bytes().to_vec())
+            .await
+    }
+
+    /// [`TestClient::send`] with a body that need not be UTF-8.
+    pub async fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Resp {
         let mut req = Request::builder()
             .method(Method::from_bytes(method.as_bytes()).expect("method"))
             .uri(format!("http://{}{}", self.addr, path));
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
-        let req = req
-            .body(Full::new(Bytes::copy_from_slice(body.as_bytes())))
-            .expect("request");
+        let req = req.body(Full::new(Bytes::from(body))).expect("request");
         let resp = self.client.request(req).await.expect("response");
         let (parts, body) = resp.into_parts();
         let body = body.collect().await.expect("body").to_bytes();
