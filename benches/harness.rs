@@ -61,7 +61,7 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
   --targets LIST      subset of memory,redis,nginx (the baseline always runs)
-  --scenarios LIST    subset of unguarded,miss,hit
+  --scenarios LIST    subset of unguarded,miss,hit,json-key
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
                       responses, and RSS over a long miss run; exits non-zero if RSS
@@ -103,16 +103,26 @@ pub(crate) enum Scenario {
     Miss,
     /// `POST /charges` with one key, executed once before the run: every request replays.
     Hit,
+    /// `POST /orders` with a fresh key in the JSON body (`key_from: [{json:
+    /// /metadata/order_id}]`, `fingerprint_body: json`): a `miss` whose key and
+    /// fingerprint come from the parsed body (SPEC §9, §10).
+    JsonKey,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 3] = [Scenario::Unguarded, Scenario::Miss, Scenario::Hit];
+    const ALL: [Scenario; 4] = [
+        Scenario::Unguarded,
+        Scenario::Miss,
+        Scenario::Hit,
+        Scenario::JsonKey,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Scenario::Unguarded => "unguarded",
             Scenario::Miss => "miss",
             Scenario::Hit => "hit",
+            Scenario::JsonKey => "json-key",
         }
     }
 
@@ -120,6 +130,7 @@ impl Scenario {
         match self {
             Scenario::Unguarded => "/unguarded",
             Scenario::Miss | Scenario::Hit => "/charges",
+            Scenario::JsonKey => "/orders",
         }
     }
 
@@ -128,7 +139,7 @@ impl Scenario {
     pub(crate) fn redis_commands(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,
-            Scenario::Miss => 2,
+            Scenario::Miss | Scenario::JsonKey => 2,
             Scenario::Hit => 1,
         }
     }

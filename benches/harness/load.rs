@@ -35,6 +35,8 @@ pub(crate) enum Keys {
     /// `{prefix}-{connection}-{n}`: never repeats within a harness run.
     Fresh(String),
     Fixed(String),
+    /// As `Fresh`, but sent in the body as `metadata.order_id`, with no key header.
+    FreshInBody(String),
 }
 
 /// One load run against one address.
@@ -188,12 +190,16 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
         let key = match &plan.keys {
             Keys::None => None,
             Keys::Fixed(key) => Some(key.as_str()),
-            Keys::Fresh(prefix) => {
+            Keys::Fresh(prefix) | Keys::FreshInBody(prefix) => {
                 fresh = format!("{prefix}-{id}-{seq}");
                 Some(fresh.as_str())
             }
         };
-        let req = match request(&host, plan.path, key) {
+        let built = match (&plan.keys, key) {
+            (Keys::FreshInBody(_), Some(key)) => request_keyed_in_body(&host, plan.path, key),
+            _ => request(&host, plan.path, key),
+        };
+        let req = match built {
             Ok(req) => req,
             Err(err) => {
                 out.transport_errors += 1;
@@ -277,6 +283,23 @@ fn request(host: &str, path: &str, key: Option<&str>) -> Result<Request<Full<Byt
     }
     builder
         .body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes())))
+        .map_err(|e| format!("build request: {e}"))
+}
+
+/// The request of [`REQUEST_BODY`] with `key` as its `metadata.order_id` and no key
+/// header: a key source in the body (SPEC §9). The key is ASCII without quotes or
+/// backslashes, so it needs no JSON escaping.
+fn request_keyed_in_body(
+    host: &str,
+    path: &str,
+    key: &str,
+) -> Result<Request<Full<Bytes>>, String> {
+    let body = REQUEST_BODY.replacen(r#""order_id":"6735""#, &format!(r#""order_id":"{key}""#), 1);
+    Request::post(path)
+        .header(header::HOST, host)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::AUTHORIZATION, AUTHORIZATION)
+        .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("build request: {e}"))
 }
 

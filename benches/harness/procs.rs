@@ -218,7 +218,8 @@ pub(crate) struct Tuning {
     pub(crate) admin_port: Option<u16>,
 }
 
-/// idemgate's config: `/charges` guarded (key required), `/unguarded` passed through,
+/// idemgate's config: `/charges` guarded (key required), `/orders` guarded with the key
+/// in the JSON body and a canonical-JSON fingerprint, `/unguarded` passed through,
 /// no admin listener unless `tuning` asks for one, `log.level` as given (`warn` by
 /// default: the per-request access line is at info). The level was checked to hold no
 /// quote or line break.
@@ -245,6 +246,8 @@ pub(crate) fn idemgate_yaml(
          store:\n{store}\
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
+         \x20 - path: /orders\n    methods: [POST]\n    required: true\n\
+         \x20   key_from: [{{json: /metadata/order_id}}]\n    fingerprint_body: json\n\
          \x20 - path: /unguarded\n    enabled: false\n\
          admin:\n  listen: {admin}\n\
          log:\n  level: \"{log_level}\"\n"

@@ -275,6 +275,27 @@ fn goals(rows: &[Row], smoke: bool) {
             goal.label
         );
     }
+    // Issue 11: a key read from the body costs at most 10 % of a miss's ratio.
+    for target in [TargetKind::Memory, TargetKind::Redis] {
+        let of = |scenario: Scenario| {
+            let row = rows
+                .iter()
+                .find(|r| r.target == target && r.scenario == scenario)?;
+            Some(ratio(row.outcome.rps(), base(rows, scenario)?.outcome.rps()))
+        };
+        let label = format!(
+            "json-key on {}, req/s ratio >= 0.90x the miss ratio",
+            target.name()
+        );
+        match (of(Scenario::JsonKey), of(Scenario::Miss)) {
+            (Some(json), Some(miss)) => {
+                let value = ratio(json, miss);
+                let verdict = if value >= 0.90 { "PASS" } else { "FAIL" };
+                println!("  {verdict}  {value:>5.2}×  {label} ({json:.2}× / {miss:.2}×)");
+            }
+            _ => println!("  n/a           {label}"),
+        }
+    }
     let nginx = rows
         .iter()
         .find(|r| r.target == TargetKind::Nginx && r.scenario == Scenario::Unguarded);

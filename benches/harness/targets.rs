@@ -182,6 +182,9 @@ impl Target {
             Scenario::Unguarded => load::Keys::None,
             Scenario::Miss => load::Keys::Fresh(format!("miss-{nonce}-{}", self.kind.name())),
             Scenario::Hit => load::Keys::Fixed(format!("hit-{nonce}-{}", self.kind.name())),
+            Scenario::JsonKey => {
+                load::Keys::FreshInBody(format!("json-{nonce}-{}", self.kind.name()))
+            }
         };
         if let load::Keys::Fixed(key) = &keys {
             // The first request executes; it is made before the run so that every measured
