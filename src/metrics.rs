@@ -373,10 +373,77 @@ impl Metrics {
         out
     }
 
+    /// The exposition in `format`.
+    pub fn render_as(&self, format: Format) -> String {
+        match format {
+            Format::OpenMetrics => self.render(),
+            Format::PrometheusText => prometheus_text(&self.render()),
+        }
+    }
+
     /// Adds a metric whose value lives elsewhere (a store's own counters).
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
+}
+
+/// The text formats `/metrics` speaks. Prometheus asks for OpenMetrics; curl, `promtool
+/// check metrics` and older agents read the Prometheus text format 0.0.4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `application/openmetrics-text; version=1.0.0`
+    OpenMetrics,
+    /// `text/plain; version=0.0.4`
+    PrometheusText,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// The Prometheus text format 0.0.4 of an OpenMetrics exposition. The samples are the
+/// same; what differs is the family name of a counter, which OpenMetrics writes without
+/// its `_total` suffix in `# HELP` and `# TYPE` (0.0.4 readers then see samples with no
+/// help or type), and the `# UNIT` and `# EOF` lines, which 0.0.4 does not have.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let family = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            Some((prefix, name, tail))
+        });
+        match family {
+            Some((prefix, name, tail)) if counters.contains(name) => {
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str("_total ");
+                out.push_str(tail);
+            }
+            // 0.0.4 calls OpenMetrics' `unknown` type `untyped`.
+            Some((prefix, name, "unknown")) if *prefix == "# TYPE " => {
+                out.push_str(prefix);
+                out.push_str(name);
+                out.push_str(" untyped");
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 /// The store-latency histograms, one per operation, shared with [`Metrics`].
@@ -437,6 +504,47 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_prometheus_text_format_names_counter_families_with_total_and_drops_unit_and_eof() {
+        let m = Metrics::new();
+        m.count(Outcome::Replayed);
+        m.observe_upstream(Duration::from_millis(3));
+        let open = m.render();
+        assert!(
+            open.contains("# TYPE idemgate_requests counter\n"),
+            "{open}"
+        );
+        assert!(
+            open.contains("# UNIT ") && open.ends_with("# EOF\n"),
+            "{open}"
+        );
+        let text = m.render_as(Format::PrometheusText);
+        assert!(text.contains("# HELP idemgate_requests_total Requests by how they ended"));
+        assert!(
+            text.contains("# TYPE idemgate_requests_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE idemgate_upstream_duration_seconds histogram\n"));
+        assert!(text.contains("# TYPE idemgate_in_flight gauge\n"));
+        assert!(
+            !text.contains("# UNIT ") && !text.contains("# EOF"),
+            "{text}"
+        );
+        // The samples are the same lines in both formats.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        assert_eq!(samples(&open), samples(&text));
+        assert!(text.contains("idemgate_requests_total{outcome=\"replayed\"} 1\n"));
+        assert_eq!(
+            prometheus_text("# HELP x X.\n# TYPE x unknown\nx 1\n# EOF\n"),
+            "# HELP x X.\n# TYPE x untyped\nx 1\n"
+        );
     }
 
     #[tokio::test]

@@ -65,7 +65,11 @@ async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
         .await;
     c.send("GET", "/charges", &[], "").await;
     let admin = proxy.admin().await;
-    let m = admin.send("GET", "/metrics", &[], "").await;
+    // Prometheus asks for OpenMetrics (its Accept header names it) and gets it.
+    let accept = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3";
+    let m = admin
+        .send("GET", "/metrics", &[("accept", accept)], "")
+        .await;
     assert_eq!(m.status, 200);
     assert!(
         m.headers["content-type"]
@@ -73,6 +77,7 @@ async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
             .expect("ascii")
             .starts_with("application/openmetrics-text")
     );
+    assert!(m.text().ends_with("# EOF\n"), "{}", m.text());
     let text = m.text();
     for line in [
         "idemgate_requests_total{outcome=\"forwarded\"} 1",
@@ -96,4 +101,22 @@ async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no idemgate_store_bytes in:\n{text}"));
     assert!(bytes > 100, "one record with its body and headers: {bytes}");
+
+    // Anyone else (curl, promtool) gets the Prometheus text format 0.0.4: the same
+    // samples, counter families named with `_total`.
+    let plain = admin.send("GET", "/metrics", &[], "").await;
+    assert_eq!(
+        plain.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let plain = plain.text();
+    assert!(
+        plain.contains("# TYPE idemgate_requests_total counter\n"),
+        "{plain}"
+    );
+    assert!(
+        plain.contains("idemgate_requests_total{outcome=\"forwarded\"} 1\n"),
+        "{plain}"
+    );
+    assert!(!plain.contains("# EOF"), "{plain}");
 }
