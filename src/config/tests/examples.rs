@@ -40,6 +40,7 @@ fn every_example_config_parses() {
         "demo.yaml",
         "docker.yaml",
         "example.yaml",
+        "legacy.yaml",
         "minimal.yaml",
         "redis.yaml",
     ] {
@@ -88,6 +89,21 @@ fn the_example_configs_say_what_they_promise() {
     let cluster = parse_example(&dir.join("cluster.yaml"));
     assert!(cluster.store.cluster);
     assert_eq!(cluster.store.urls.len(), 3);
+
+    let legacy = parse_example(&dir.join("legacy.yaml"));
+    assert_eq!(legacy.upstream.url.scheme_str(), Some("https"));
+    assert_eq!(legacy.idempotency.key_from.len(), 2);
+    let label = |path: &str| -> Vec<String> {
+        policy_for(&legacy, path)
+            .key_from
+            .iter()
+            .map(|source| source.label())
+            .collect()
+    };
+    assert_eq!(label("/v1/payments"), ["json:/payment/reference"]);
+    assert_eq!(label("/v1/legacy/charge"), ["query:request_id"]);
+    assert_eq!(label("/v1/newsletter/subscribe"), ["fingerprint"]);
+    assert!(!policy_for(&legacy, "/ws").enabled);
 
     let redis = parse_example(&dir.join("redis.yaml"));
     assert_eq!(redis.store.urls, ["redis://:s3cr3t@127.0.0.1:6379/0"]);
