@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 #[command(name = "idemgate", version, about)]
 pub struct Args {
     /// The YAML configuration file.
-    #[arg(long, env = "IDEMGATE_CONFIG", value_name = "PATH")]
+    #[arg(long, env = "IDEMGATE_CONFIG", value_name = "PATH", global = true)]
     pub config: Option<PathBuf>,
     /// Run without a file: the memory store and every default, in front of URL.
     #[arg(long, value_name = "URL")]
@@ -27,6 +27,31 @@ pub struct Args {
     /// Validate the configuration, print it with defaults filled in, and exit.
     #[arg(long)]
     pub check: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Print the record id a request with KEY would use (SPEC §13), for the admin API.
+    Key(KeyArgs),
+}
+
+/// `idemgate key --config PATH [--method M] [--path P] [-H 'Name: value']... KEY`
+#[derive(Debug, clap::Args)]
+pub struct KeyArgs {
+    /// The request's method.
+    #[arg(long, default_value = "POST")]
+    pub method: String,
+    /// The request's path: it selects the policy, as for a request.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// A request header, e.g. -H 'Authorization: Bearer sk_live_...' (repeatable); the
+    /// policy's scope headers and cookies are read from these.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
+    /// The key as the client sends it.
+    pub key: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +71,12 @@ enum CliError {
     },
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("{0}")]
+    RecordId(#[from] crate::proxy::RecordIdError),
+    #[error("--method: '{0}' is not an HTTP method")]
+    Method(String),
+    #[error("-H: '{0}' is not a header; expected 'Name: value'")]
+    Header(String),
 }
 
 /// Entry point of the binary.
@@ -66,6 +97,21 @@ pub fn main() -> ExitCode {
         Ok(config) => config,
         Err(err) => return fail(&err),
     };
+    if let Some(Command::Key(key)) = &args.command {
+        return match record_id(&config, key) {
+            Ok(id) => {
+                #[allow(
+                    clippy::print_stdout,
+                    reason = "idemgate key prints the id by contract"
+                )]
+                {
+                    println!("{id}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => fail(&err),
+        };
+    }
     if args.check {
         #[allow(
             clippy::print_stdout,
@@ -102,6 +148,28 @@ pub fn main() -> ExitCode {
 fn fail(err: &CliError) -> ExitCode {
     eprintln!("idemgate: {err}");
     ExitCode::FAILURE
+}
+
+/// `idemgate key`: the id through the proxy's own addressing; binds nothing and needs
+/// no store.
+fn record_id(config: &Config, args: &KeyArgs) -> Result<String, CliError> {
+    let method = http::Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
+        .map_err(|_| CliError::Method(args.method.clone()))?;
+    let mut headers = http::HeaderMap::new();
+    for line in &args.headers {
+        let parsed = line.split_once(':').and_then(|(name, value)| {
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+            let value = http::HeaderValue::from_str(value.trim()).ok()?;
+            Some((name, value))
+        });
+        let Some((name, value)) = parsed else {
+            return Err(CliError::Header(line.clone()));
+        };
+        headers.append(name, value);
+    }
+    Ok(crate::proxy::record_id(
+        config, &method, &args.path, &headers, &args.key,
+    )?)
 }
 
 fn load(args: &Args) -> Result<Config, CliError> {

@@ -281,7 +281,10 @@ fn goals(rows: &[Row], smoke: bool) {
             let row = rows
                 .iter()
                 .find(|r| r.target == target && r.scenario == scenario)?;
-            Some(ratio(row.outcome.rps(), base(rows, scenario)?.outcome.rps()))
+            Some(ratio(
+                row.outcome.rps(),
+                base(rows, scenario)?.outcome.rps(),
+            ))
         };
         let label = format!(
             "json-key on {}, req/s ratio >= 0.90x the miss ratio",

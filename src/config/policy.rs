@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Method, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
 use serde_yaml::Mapping;
 
@@ -38,6 +38,7 @@ use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
+use crate::idempotency::{IdempotencyKey, Scope, ScopedKey};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -273,6 +274,21 @@ impl Policy {
             KeySource::Fingerprint(window) => *window,
             _ => self.ttl,
         }
+    }
+
+    /// The record address of `key`, given by `source`, in a request with `headers`
+    /// (SPEC §3, §9): the one function the proxy and `idemgate key` address records with.
+    pub fn address(
+        &self,
+        headers: &HeaderMap,
+        source: &KeySource,
+        key: &IdempotencyKey,
+    ) -> ScopedKey {
+        let scope = Scope {
+            headers: &self.scope_headers,
+            cookies: &self.scope_cookies,
+        };
+        ScopedKey::scoped(headers, scope, &source.label(), key)
     }
 
     /// What the fingerprint of a request under this policy covers.

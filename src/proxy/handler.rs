@@ -25,8 +25,9 @@ use super::{AppState, PolicyId};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::{ProxyError, TargetError};
+use crate::idempotency::key::{parse_plain, parse_value};
 use crate::idempotency::source::{self, Found, KeySource, Offered};
-use crate::idempotency::{Fingerprint, IdempotencyKey, Scope, ScopedKey};
+use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
 use crate::store::{Lease, Store, StoreError};
 
@@ -232,12 +233,8 @@ fn guard(
         &body,
     );
     let key = key.unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
-    let scope = Scope {
-        headers: &policy.scope_headers,
-        cookies: &policy.scope_cookies,
-    };
     Guarded {
-        scoped: ScopedKey::scoped(&parts.headers, scope, &source.label(), &key),
+        scoped: policy.address(&parts.headers, source, &key),
         ttl: policy.record_ttl(source),
         fingerprint,
         parts,
@@ -329,4 +326,51 @@ async fn forward_unguarded<S: Store>(
 
 fn content_length(headers: &http::HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// Why `idemgate key` cannot name a record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordIdError {
+    #[error("--path: {0}")]
+    Path(String),
+    #[error("{method} {path} is passed through, unguarded: it has no record")]
+    NotGuarded { method: String, path: String },
+    #[error("KEY: {0}")]
+    Key(#[source] crate::idempotency::KeyError),
+}
+
+/// The record id (`key_prefix` + 64 hex) a request with this method, path, headers and
+/// key would use (SPEC §13): the path picks the policy as for a request, the key is
+/// read as its first source reads it, and the address is [`Policy::address`], as in
+/// [`handle`].
+pub fn record_id(
+    config: &crate::config::Config,
+    method: &http::Method,
+    path: &str,
+    headers: &http::HeaderMap,
+    key: &str,
+) -> Result<String, RecordIdError> {
+    let normal = view::normalise_path(path).map_err(|err| RecordIdError::Path(err.to_string()))?;
+    let policy = config
+        .route_index(&view::match_path(&normal))
+        .and_then(|i| config.routes.get(i))
+        .map_or(&config.idempotency, |route| &route.policy);
+    if !policy.enabled || !view::guarded_method(method, headers, &policy.methods) {
+        return Err(RecordIdError::NotGuarded {
+            method: method.to_string(),
+            path: path.to_owned(),
+        });
+    }
+    let source = policy
+        .key_from
+        .first()
+        .expect("key_from is never empty: checked when the configuration loads");
+    let key = match source {
+        // The sf-string spelling is a header's (SPEC §9).
+        KeySource::Header(_) => parse_value(key.as_bytes()),
+        _ => parse_plain(key.as_bytes()),
+    }
+    .map_err(RecordIdError::Key)?;
+    let scoped = policy.address(headers, source, &key);
+    Ok(format!("{}{}", config.store.key_prefix, scoped.to_hex()))
 }

@@ -45,7 +45,7 @@ use crate::config::{Config, Policy};
 use crate::metrics::Metrics;
 use crate::store::{Deadline, Store, Timed};
 pub use body::{ProxyBody, RequestBody};
-pub use handler::handle;
+pub use handler::{RecordIdError, handle, record_id};
 pub use upstream::UpstreamClient;
 
 /// Which policy a request runs under: a route's, or the top-level `idempotency`.
