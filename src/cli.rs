@@ -122,7 +122,16 @@ pub fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    init_logs(&config);
+    let set_level = init_logs(&config);
+    // SIGHUP re-reads the file idemgate started with; `--listen` still overrides it.
+    let reload_from = match (&args.upstream, &args.config) {
+        (None, Some(path)) => Some(Reload {
+            path: path.clone(),
+            listen: args.listen,
+            set_level,
+        }),
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -130,7 +139,7 @@ pub fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(err) => return fail(&CliError::Runtime(err)),
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, reload_from)) {
         Ok(Shutdown::Drained) => ExitCode::SUCCESS,
         Ok(Shutdown::TimedOut) => ExitCode::FAILURE,
         // Logging is set up by now: the error goes out in the configured format.
@@ -184,21 +193,56 @@ fn load(args: &Args) -> Result<Config, CliError> {
     Ok(config)
 }
 
-fn init_logs(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&config.log.level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+/// Sets the log level of a running process (`log.level` on reload).
+type SetLevel = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// Logs to stderr in `log.format`, at `RUST_LOG` if set, else `log.level`. Returns how a
+/// reload changes the level: a no-op under `RUST_LOG`, which then keeps deciding.
+fn init_logs(config: &Config) -> SetLevel {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let from_env = tracing_subscriber::EnvFilter::try_from_default_env().ok();
+    let env_decides = from_env.is_some();
+    let filter = from_env
+        .or_else(|| tracing_subscriber::EnvFilter::try_new(&config.log.level).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match config.log.format {
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+    };
+    Box::new(move |level: &str| {
+        if env_decides {
+            return Ok(());
+        }
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
 }
 
-async fn run(config: Config) -> Result<Shutdown, CliError> {
+/// Where a SIGHUP reloads from.
+struct Reload {
+    path: PathBuf,
+    listen: Option<SocketAddr>,
+    set_level: SetLevel,
+}
+
+async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliError> {
     let config = Arc::new(config);
     let listener = crate::proxy::bind(config.listen)
         .await
@@ -209,7 +253,7 @@ async fn run(config: Config) -> Result<Shutdown, CliError> {
     match config.store.kind {
         StoreKind::Memory => {
             let store = MemoryStore::new(config.store.max_entries);
-            Ok(run_with(listener, config, store).await)
+            Ok(run_with(listener, config, store, reload).await)
         }
         StoreKind::Redis => {
             let mut store = RedisStore::new(&config.store).map_err(CliError::Store)?;
@@ -221,7 +265,7 @@ async fn run(config: Config) -> Result<Shutdown, CliError> {
                 Arc::clone(&store),
                 config.store.redacted_urls(),
             ));
-            Ok(run_with(listener, config, store).await)
+            Ok(run_with(listener, config, store, reload).await)
         }
     }
 }
@@ -230,6 +274,7 @@ async fn run_with<S: Store>(
     listener: tokio::net::TcpListener,
     config: Arc<Config>,
     store: S,
+    reload: Option<Reload>,
 ) -> Shutdown {
     tracing::info!(
         listen = %config.listen,
@@ -253,10 +298,39 @@ async fn run_with<S: Store>(
             Err(err) => tracing::error!(admin = %addr, error = %err, "admin listener not started"),
         }
     }
+    let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload));
     let outcome = serve(listener, state, shutdown_signal()).await;
+    reloader.abort();
     // Health and metrics stay up while in-flight requests drain.
     admin_stop.cancel();
     outcome
+}
+
+/// SPEC §14: each SIGHUP re-reads the file; without one it is logged and ignored.
+async fn reload_on_sighup<S: Store>(state: Arc<AppState<S>>, reload: Option<Reload>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let Some(reload) = &reload else {
+                tracing::warn!("SIGHUP ignored: idemgate runs without a configuration file");
+                continue;
+            };
+            match crate::proxy::reload::reload(&state, &reload.path, reload.listen, &*reload.set_level) {
+                Ok(()) => tracing::info!(path = %reload.path.display(), "configuration reloaded"),
+                Err(err) => tracing::error!(
+                    path = %reload.path.display(),
+                    error = %err,
+                    "configuration not reloaded; the running one stays in force"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (state, reload);
 }
 
 /// Start-up check of SPEC §5: warn loudly when Redis may evict records. Redis being

@@ -133,6 +133,11 @@ struct OutcomeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabel {
     op: &'static str,
 }
@@ -161,6 +166,8 @@ pub struct Metrics {
     orphans_released: Counter,
     /// Responses whose background recording never landed (lease ended or was lost).
     records_lost: Counter,
+    /// SIGHUP reloads: `[ok, error]`.
+    reloads: [Counter; 2],
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -239,9 +246,18 @@ impl Metrics {
             "Claims released in the background once the store answered again (timed-out claims, failed releases)",
             orphans_released.clone(),
         );
+        let reloads_family = Family::<ResultLabel, Counter>::default();
+        let reloads = ["ok", "error"]
+            .map(|result| reloads_family.get_or_create_owned(&ResultLabel { result }));
+        registry.register(
+            "idemgate_config_reloads",
+            "Configuration reloads (SIGHUP) by result; an error leaves the running configuration in force",
+            reloads_family,
+        );
         Self {
             registry,
             requests,
+            reloads,
             store_ops,
             upstream,
             in_flight,
@@ -299,6 +315,17 @@ impl Metrics {
         if let Some(changed) = &self.changed {
             changed.notify_waiters();
         }
+    }
+
+    /// Counts a configuration reload (SPEC §14).
+    pub fn count_reload(&self, ok: bool) {
+        self.reloads[usize::from(!ok)].inc();
+        self.wake();
+    }
+
+    /// Reloads so far: `(ok, error)`.
+    pub fn reloads(&self) -> (u64, u64) {
+        (self.reloads[0].get(), self.reloads[1].get())
     }
 
     pub fn requests(&self, outcome: Outcome) -> u64 {

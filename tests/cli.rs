@@ -292,3 +292,59 @@ async fn a_request_still_held_when_shutdown_timeout_passes_makes_the_exit_code_1
         proxy.stderr()
     );
 }
+
+/// SPEC §14: SIGHUP re-reads the file; a good one applies to new requests without a
+/// restart or a dropped connection, a bad one is logged naming the field and counted.
+#[tokio::test]
+async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
+    let upstream = Upstream::start().await;
+    let admin = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin_addr = admin.local_addr().expect("addr");
+    drop(admin);
+    let strict = format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: {admin_addr}\nroutes:\n  - path: /charges\n    required: true\n",
+        upstream.url()
+    );
+    let file = TempConfig::new(&strict);
+    let config = file.path().to_str().expect("utf-8 path");
+    let mut proxy = Running::start(&["--config", config]).await;
+    let client = TestClient::new(proxy.addr);
+    let admin = TestClient::new(admin_addr);
+    let reloads = |result: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let text = admin.send("GET", "/metrics", &[], "").await.text();
+            let line = format!("idemgate_config_reloads_total{{result=\"{result}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&line))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        }
+    };
+    let keyless = |c: TestClient| async move {
+        c.send("POST", "/charges", &[("content-type", "application/json")], "{}")
+            .await
+            .status
+    };
+    assert_eq!(keyless(client.clone()).await, 400);
+
+    std::fs::write(file.path(), strict.replace("required: true", "required: false")).expect("write");
+    proxy.signal("HUP").await;
+    let deadline = tokio::time::Instant::now() + support::bin::LIMIT;
+    while reloads("ok").await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "no reload:\n{}", proxy.stderr());
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(keyless(client.clone()).await, 201, "applied to new requests");
+
+    std::fs::write(file.path(), "upstream:\n  url: 7\n").expect("write");
+    proxy.signal("HUP").await;
+    while reloads("error").await < 1 {
+        assert!(tokio::time::Instant::now() < deadline, "no reload:\n{}", proxy.stderr());
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(keyless(client.clone()).await, 201, "the running configuration stays");
+    assert!(proxy.stderr().contains("upstream.url"), "{}", proxy.stderr());
+    proxy.terminate().await;
+    assert!(proxy.wait_exit().await.success(), "{}", proxy.stderr());
+}

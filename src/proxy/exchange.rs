@@ -23,7 +23,7 @@ use super::detach::Detached;
 use super::lease::LeaseGuard;
 use super::reply::{Counted, IDEMPOTENT_REPLAYED, Reply, finish, problem_record, replay_response};
 use super::upstream::{self, Failure, upstream_request};
-use super::{AppState, PolicyId};
+use super::{AppState, Live, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::ProxyError;
 use crate::failpoint;
@@ -48,6 +48,7 @@ pub(crate) struct Guarded {
 /// Forwards and records, then answers; finishes on its own if the client goes away.
 pub(crate) async fn execute<S: Store>(
     state: &Arc<AppState<S>>,
+    live: Arc<Live>,
     id: PolicyId,
     lease: Lease,
     req: Guarded,
@@ -55,7 +56,7 @@ pub(crate) async fn execute<S: Store>(
     let task_state = Arc::clone(state);
     let work = async move {
         failpoint::hit(failpoint::AFTER_CLAIM);
-        let result = exchange(&task_state, id, lease, req).await;
+        let result = exchange(&task_state, &live, id, lease, req).await;
         finish(&task_state, result)
     };
     Detached::new(work, state.tasks.clone()).await
@@ -63,13 +64,14 @@ pub(crate) async fn execute<S: Store>(
 
 async fn exchange<S: Store>(
     state: &Arc<AppState<S>>,
+    live: &Live,
     id: PolicyId,
     lease: Lease,
     req: Guarded,
 ) -> Result<Reply, ProxyError> {
-    let policy = state.policy(id);
+    let policy = live.policy(id);
     let mut lease = LeaseGuard::new(state, lease, policy.lease);
-    let deadline = Instant::now() + state.config.upstream.timeout;
+    let deadline = Instant::now() + live.config.upstream.timeout;
     // The request body's share of the buffer budget is held until the exchange ends.
     let Guarded {
         fingerprint,
@@ -81,14 +83,14 @@ async fn exchange<S: Store>(
         ..
     } = req;
     let request = upstream_request(
-        &state.config.upstream.url,
+        &live.config.upstream.url,
         parts,
         peer,
         ProxyBody::full(body),
     );
     let started = Instant::now();
     let sent = lease
-        .renewing(upstream::send(&state.client, request, deadline))
+        .renewing(upstream::send(&live.client, request, deadline))
         .await;
     let (mut head, body) = match sent {
         Ok(response) => response.into_parts(),

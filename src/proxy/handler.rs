@@ -21,7 +21,7 @@ use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded};
 use super::reply::{Reply, finish, replay_response};
 use super::upstream::{self, upstream_request};
-use super::{AppState, PolicyId};
+use super::{AppState, Live, PolicyId};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::{ProxyError, TargetError};
@@ -49,8 +49,12 @@ pub async fn handle<S: Store, B: RequestBody>(
         )
     });
     let mut scoped_key = None;
-    let counted = match route(&state, req, peer, &mut scoped_key).await {
-        Ok(Next::Exchange { id, lease, req }) => exchange::execute(&state, id, lease, req).await,
+    // The configuration this request runs under to its end, whatever a reload does.
+    let live = state.live();
+    let counted = match route(&state, &live, req, peer, &mut scoped_key).await {
+        Ok(Next::Exchange { id, lease, req }) => {
+            exchange::execute(&state, Arc::clone(&live), id, lease, req).await
+        }
         Ok(Next::Answer(reply)) => finish(&state, Ok(reply)),
         Err(err) => finish(&state, Err(err)),
     };
@@ -87,15 +91,16 @@ enum Next {
 /// Which of the ways of SPEC §2 a request takes.
 async fn route<S: Store, B: RequestBody>(
     state: &Arc<AppState<S>>,
+    live: &Live,
     req: Request<B>,
     peer: SocketAddr,
     scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Next, ProxyError> {
     let req = one_view(req)?;
-    let id = state.policy_id(&view::match_path(req.uri().path()));
-    let policy = state.policy(id);
+    let id = live.policy_id(&view::match_path(req.uri().path()));
+    let policy = live.policy(id);
     if !policy.enabled || !view::guarded_method(req.method(), req.headers(), &policy.methods) {
-        return pass_through(state, req, peer).await;
+        return pass_through(state, live, req, peer).await;
     }
     let head = Offered {
         headers: req.headers(),
@@ -104,9 +109,9 @@ async fn route<S: Store, B: RequestBody>(
     };
     let found = source::find(&policy.key_from, head).map_err(ProxyError::InvalidKey)?;
     if found == Found::Absent {
-        return keyless(state, policy, req, peer).await;
+        return keyless(state, live, policy, req, peer).await;
     }
-    let read = read_body(state, policy, req).await?;
+    let read = read_body(state, live, policy, req).await?;
     let found = match found {
         Found::Key(source, key) => Found::Key(source, key),
         // A source that reads the body was reached: look again, with it.
@@ -116,7 +121,7 @@ async fn route<S: Store, B: RequestBody>(
         Found::Key(source, key) => guard(policy, read, peer, source, Some(key)),
         Found::Fingerprint(source) => guard(policy, read, peer, source, None),
         Found::Absent | Found::NeedsBody => {
-            return keyless(state, policy, read.into_request(), peer).await;
+            return keyless(state, live, policy, read.into_request(), peer).await;
         }
     };
     *scoped_key = Some(req.scoped);
@@ -129,7 +134,7 @@ async fn route<S: Store, B: RequestBody>(
             Outcome::Replayed,
             replay_response(&completed, policy),
         )),
-        Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, err, req).await?),
+        Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, live, err, req).await?),
     };
     Ok(next)
 }
@@ -185,6 +190,7 @@ impl Read {
 /// gets as long as the upstream would, then 408, holding no claim.
 async fn read_body<S: Store, B: RequestBody>(
     state: &AppState<S>,
+    live: &Live,
     policy: &Policy,
     req: Request<B>,
 ) -> Result<Read, ProxyError> {
@@ -201,7 +207,7 @@ async fn read_body<S: Store, B: RequestBody>(
     }
     let (parts, body) = req.into_parts();
     let read = collect_capped(body, limit, &mut held);
-    let read = tokio::time::timeout(state.config.upstream.timeout, read);
+    let read = tokio::time::timeout(live.config.upstream.timeout, read);
     let body = match read
         .await
         .map_err(|_| ProxyError::BodyTimeout)?
@@ -248,6 +254,7 @@ fn guard(
 /// forwarded unguarded otherwise.
 async fn keyless<S: Store, B: RequestBody>(
     state: &AppState<S>,
+    live: &Live,
     policy: &Policy,
     req: Request<B>,
     peer: SocketAddr,
@@ -257,7 +264,7 @@ async fn keyless<S: Store, B: RequestBody>(
             wanted: wanted(&policy.key_from),
         });
     }
-    pass_through(state, req, peer).await
+    pass_through(state, live, req, peer).await
 }
 
 /// Where a key may be sent, for a client that sent none: "the Idempotency-Key header",
@@ -274,6 +281,7 @@ fn wanted(sources: &[KeySource]) -> String {
 /// The store did not answer the claim: `on_unavailable` decides.
 async fn store_unavailable<S: Store>(
     state: &AppState<S>,
+    live: &Live,
     err: StoreError,
     req: Guarded,
 ) -> Result<Reply, ProxyError> {
@@ -285,7 +293,8 @@ async fn store_unavailable<S: Store>(
         OnUnavailable::PassThrough => {
             tracing::warn!(error = %err, "store unavailable: forwarding without idempotency");
             let response =
-                forward_unguarded(state, req.parts, ProxyBody::full(req.body), req.peer).await?;
+                forward_unguarded(state, live, req.parts, ProxyBody::full(req.body), req.peer)
+                    .await?;
             Ok(Reply::new(Outcome::StoreBypassed, response))
         }
     }
@@ -294,28 +303,31 @@ async fn store_unavailable<S: Store>(
 /// Streams a request to the upstream and its answer back, with no store access.
 async fn pass_through<S: Store, B: RequestBody>(
     state: &AppState<S>,
+    live: &Live,
     req: Request<B>,
     peer: SocketAddr,
 ) -> Result<Next, ProxyError> {
     if upgrade::wanted(req.headers()) {
-        let response = upgrade::pass(state, req, peer).await?;
+        let response = upgrade::pass(state, live, req, peer).await?;
         return Ok(Next::Answer(Reply::new(Outcome::Passthrough, response)));
     }
     let (parts, body) = req.into_parts();
-    let response = forward_unguarded(state, parts, ProxyBody::from_request(body), peer).await?;
+    let response =
+        forward_unguarded(state, live, parts, ProxyBody::from_request(body), peer).await?;
     Ok(Next::Answer(Reply::new(Outcome::Passthrough, response)))
 }
 
 async fn forward_unguarded<S: Store>(
     state: &AppState<S>,
+    live: &Live,
     parts: Parts,
     body: ProxyBody,
     peer: SocketAddr,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let request = upstream_request(&state.config.upstream.url, parts, peer, body);
+    let request = upstream_request(&live.config.upstream.url, parts, peer, body);
     let started = tokio::time::Instant::now();
-    let deadline = started + state.config.upstream.timeout;
-    let sent = upstream::send(&state.client, request, deadline).await;
+    let deadline = started + live.config.upstream.timeout;
+    let sent = upstream::send(&live.client, request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
     match sent {
         Ok(response) => Ok(response.map(ProxyBody::stream)),

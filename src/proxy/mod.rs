@@ -21,6 +21,7 @@ mod detach;
 mod exchange;
 mod handler;
 mod lease;
+pub mod reload;
 mod reply;
 mod upgrade;
 mod upstream;
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -52,13 +54,44 @@ pub use upstream::UpstreamClient;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyId(Option<usize>);
 
+/// What a reload replaces (SPEC §14): the configuration requests start under, and the
+/// upstream client built from its `upstream` section. A request takes one `Live` when
+/// it starts and keeps it to the end, so it finishes under the policy it started with.
+#[derive(Debug)]
+pub struct Live {
+    pub config: Arc<Config>,
+    pub client: UpstreamClient,
+}
+
+impl Live {
+    pub fn new(config: Arc<Config>) -> Self {
+        let client = upstream::client(&config.upstream);
+        Self { config, client }
+    }
+
+    pub fn policy_id(&self, path: &str) -> PolicyId {
+        PolicyId(self.config.route_index(path))
+    }
+
+    pub fn policy(&self, id: PolicyId) -> &Policy {
+        match id.0.and_then(|i| self.config.routes.get(i)) {
+            Some(route) => &route.policy,
+            None => &self.config.idempotency,
+        }
+    }
+}
+
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
 pub struct AppState<S> {
+    /// The configuration the process started with: what a reload cannot change
+    /// (`listen`, `store`, the limits of the accept loop). Per-request settings are in
+    /// [`AppState::live`].
     pub config: Arc<Config>,
+    /// Swapped whole by a reload; read without a lock.
+    live: ArcSwap<Live>,
     /// Every call under `store.timeout` and timed, by the decorator.
     pub store: Timed<S>,
-    pub client: UpstreamClient,
     pub metrics: Metrics,
     /// Forward-and-record tasks, which outlive a disconnected client, and background
     /// retries; shutdown waits for them.
@@ -80,7 +113,7 @@ impl<S: Store> AppState<S> {
 
     /// With metrics of the caller's making, e.g. [`Metrics::observable`] in tests.
     pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
-        let client = upstream::client(&config.upstream);
+        let live = ArcSwap::from_pointee(Live::new(Arc::clone(&config)));
         store.register_metrics(metrics.registry_mut());
         let deadline = Deadline::new(config.store.timeout, metrics.store_timings());
         let store = Timed::new(store, deadline);
@@ -94,8 +127,8 @@ impl<S: Store> AppState<S> {
         Self {
             budget,
             config,
+            live,
             store,
-            client,
             metrics,
             tasks: TaskTracker::new(),
             retries: Arc::new(Semaphore::new(lease::MAX_BACKGROUND_RETRIES)),
@@ -104,15 +137,26 @@ impl<S: Store> AppState<S> {
         }
     }
 
-    pub fn policy_id(&self, path: &str) -> PolicyId {
-        PolicyId(self.config.route_index(path))
+    /// The configuration new requests start under, and its upstream client.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
     }
 
-    pub fn policy(&self, id: PolicyId) -> &Policy {
-        match id.0.and_then(|i| self.config.routes.get(i)) {
-            Some(route) => &route.policy,
-            None => &self.config.idempotency,
-        }
+    /// Puts `config` in force for new requests (SPEC §14), after `reload::check`
+    /// accepted it. The upstream client is kept when `upstream` did not change; when it
+    /// did, the old client goes with the last request that holds it, and its idle
+    /// connections with it.
+    pub fn apply(&self, config: Config) {
+        let current = self.live.load();
+        let live = if config.upstream == current.config.upstream {
+            Live {
+                config: Arc::new(config),
+                client: current.client.clone(),
+            }
+        } else {
+            Live::new(Arc::new(config))
+        };
+        self.live.store(Arc::new(live));
     }
 }
 

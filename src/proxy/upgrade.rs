@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::AppState;
+use super::{AppState, Live};
 use super::body::{ProxyBody, RequestBody};
 use super::upstream::{self, upstream_request};
 use crate::error::ProxyError;
@@ -34,6 +34,7 @@ pub(crate) fn wanted(headers: &HeaderMap) -> bool {
 /// own and answers the client with the upstream's `101`.
 pub(crate) async fn pass<S: Store, B: RequestBody>(
     state: &AppState<S>,
+    live: &Live,
     mut req: Request<B>,
     peer: SocketAddr,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -41,7 +42,7 @@ pub(crate) async fn pass<S: Store, B: RequestBody>(
     let (parts, body) = req.into_parts();
     let protocol = parts.headers.get(UPGRADE).cloned();
     let mut request = upstream_request(
-        &state.config.upstream.url,
+        &live.config.upstream.url,
         parts,
         peer,
         ProxyBody::from_request(body),
@@ -53,8 +54,8 @@ pub(crate) async fn pass<S: Store, B: RequestBody>(
             .insert(CONNECTION, HeaderValue::from_static("upgrade"));
     }
     let started = Instant::now();
-    let deadline = started + state.config.upstream.timeout;
-    let sent = upstream::send_keeping_upgrade(&state.client, request, deadline).await;
+    let deadline = started + live.config.upstream.timeout;
+    let sent = upstream::send_keeping_upgrade(&live.client, request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
     let mut response =
         sent.map_err(|failure| ProxyError::PassThroughFailed(Box::new(failure.into())))?;

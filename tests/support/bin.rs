@@ -236,6 +236,22 @@ impl Running {
         assert!(status.success(), "kill -TERM {pid} failed: {status}");
     }
 
+    /// Sends a signal (`HUP`, ...) to the running child.
+    pub async fn signal(&mut self, name: &str) {
+        assert!(
+            self.child.try_wait().expect("try_wait").is_none(),
+            "idemgate exited before SIG{name}:\n{}",
+            self.stderr()
+        );
+        let pid = self.child.id().expect("a running child has a pid");
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &pid.to_string()])
+            .status()
+            .await
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid} failed: {status}");
+    }
+
     /// Waits (at most [`LIMIT`]) for the child to exit, then for the rest of its stderr:
     /// its last lines may still be in the pipe when it has been reaped.
     pub async fn wait_exit(&mut self) -> ExitStatus {

@@ -116,6 +116,14 @@ impl Relay {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 
+    /// Resolves once exactly `n` connections are open.
+    pub async fn wait_open(&self, n: usize) {
+        let mut open = self.shared.open.subscribe();
+        open.wait_for(|open| open.len() == n)
+            .await
+            .expect("the relay owns the sender");
+    }
+
     /// Connections open right now.
     pub fn open(&self) -> usize {
         self.shared.open.borrow().len()
