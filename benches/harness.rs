@@ -4,11 +4,12 @@
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
-//! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store and on
-//! a redis-server of its own, and nginx when it is on `PATH`; then drives each target
+//! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
+//! a redis-server of its own and on the file store (with and without fsync, in the
+//! harness's temp dir), and nginx when it is on `PATH`; then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
-//! baseline measured in the same run, Redis commands per request, and the targets of
-//! issue 6. `--memory` measures instead the memory store's footprint at `max_entries`
+//! baseline measured in the same run, Redis commands and file-store flushes per request,
+//! and the targets of issues 6 and 12. `--memory` measures instead the memory store's footprint at `max_entries`
 //! with 1 KiB responses, and whether idemgate's RSS stays flat once it is full. See
 //! BENCHMARKS.md.
 //!
@@ -60,7 +61,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --concurrency N     keep-alive connections, one request each  [32; smoke 4]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
-  --targets LIST      subset of memory,redis,nginx (the baseline always runs)
+  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
+                      always runs)
   --scenarios LIST    subset of unguarded,miss,hit
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
@@ -76,6 +78,10 @@ pub(crate) enum TargetKind {
     Baseline,
     Memory,
     Redis,
+    /// The file store with `fsync: true` (SPEC §12).
+    File,
+    /// The file store with `fsync: false`.
+    FileNoSync,
     Nginx,
 }
 
@@ -85,12 +91,17 @@ impl TargetKind {
             TargetKind::Baseline => "plain-proxy",
             TargetKind::Memory => "idemgate-memory",
             TargetKind::Redis => "idemgate-redis",
+            TargetKind::File => "idemgate-file",
+            TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::Nginx => "nginx",
         }
     }
 
     fn is_idemgate(self) -> bool {
-        matches!(self, TargetKind::Memory | TargetKind::Redis)
+        matches!(
+            self,
+            TargetKind::Memory | TargetKind::Redis | TargetKind::File | TargetKind::FileNoSync
+        )
     }
 }
 
@@ -235,7 +246,13 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
         concurrency: if smoke { 4 } else { 32 },
         smoke,
-        targets: vec![TargetKind::Memory, TargetKind::Redis, TargetKind::Nginx],
+        targets: vec![
+            TargetKind::Memory,
+            TargetKind::Redis,
+            TargetKind::File,
+            TargetKind::FileNoSync,
+            TargetKind::Nginx,
+        ],
         scenarios: Scenario::ALL.to_vec(),
         log_level: "warn".to_owned(),
         memory: false,
@@ -285,6 +302,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.targets = list(value()?, |name| match name {
                     "memory" => Some(TargetKind::Memory),
                     "redis" => Some(TargetKind::Redis),
+                    "file" => Some(TargetKind::File),
+                    "file-nosync" => Some(TargetKind::FileNoSync),
                     "nginx" => Some(TargetKind::Nginx),
                     _ => None,
                 })?;
