@@ -2,6 +2,7 @@
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
+//! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
 //! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
@@ -21,6 +22,7 @@
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
+//! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
 //! - [`report`]: the table, the correctness checks and the targets.
 
@@ -33,6 +35,8 @@
 // A crate root finds its modules next to itself; these live in `benches/harness/`.
 #[path = "harness/cpu.rs"]
 mod cpu;
+#[path = "harness/disk.rs"]
+mod disk;
 #[path = "harness/load.rs"]
 mod load;
 #[path = "harness/memory.rs"]
@@ -70,6 +74,11 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       grows more than 25 % after the store is full
   --entries N         --memory: store.max_entries               [100000; smoke 1000]
                       (--duration: run that long; without it, until 3×N keys or 60 s)
+  --disk              instead: the file store's directory size under a steady miss
+                      load with a short ttl; exits non-zero if it grows more than
+                      10 % after three ttls [--duration 120; smoke 3]
+  --ttl SECS          --disk: idempotency.ttl                   [5; smoke 0.3]
+  --nosync            --disk: fsync: false
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// What is measured.
@@ -161,6 +170,12 @@ struct Args {
     entries: Option<usize>,
     /// `--duration` was given: the memory mode runs that long.
     duration_set: bool,
+    /// The disk mode instead of the scenarios.
+    disk: bool,
+    /// `--ttl`: the disk mode's `idempotency.ttl`.
+    ttl: Option<Duration>,
+    /// `--nosync`: the disk mode with `fsync: false`.
+    nosync: bool,
 }
 
 fn main() -> ExitCode {
@@ -258,6 +273,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         memory: false,
         entries: None,
         duration_set: false,
+        disk: false,
+        ttl: None,
+        nosync: false,
     };
     let seconds = |v: &str| -> Result<Duration, BoxError> {
         let secs: f64 = v
@@ -280,6 +298,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.duration_set = true;
             }
             "--memory" => args.memory = true,
+            "--disk" => args.disk = true,
+            "--nosync" => args.nosync = true,
+            "--ttl" => args.ttl = Some(seconds(value()?)?).filter(|d| !d.is_zero()),
             "--entries" => {
                 let v = value()?;
                 args.entries = Some(
@@ -350,6 +371,27 @@ fn memory_plan(args: &Args) -> memory::Plan {
     }
 }
 
+/// The disk mode's plan: a 5 s ttl for two minutes (a smoke run: 0.3 s for 3 s).
+fn disk_plan(args: &Args) -> disk::Plan {
+    let (ttl, duration) = if args.smoke {
+        (Duration::from_millis(300), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(5), Duration::from_secs(120))
+    };
+    disk::Plan {
+        ttl: args.ttl.unwrap_or(ttl),
+        duration: if args.duration_set {
+            args.duration
+        } else {
+            duration
+        },
+        concurrency: args.concurrency,
+        fsync: !args.nosync,
+        log_level: args.log_level.clone(),
+        smoke: args.smoke,
+    }
+}
+
 /// Starts everything, measures every (scenario, target) in sequence, prints the report.
 /// `Ok(false)`: it ran, but some check failed.
 async fn bench(args: &Args) -> Result<bool, BoxError> {
@@ -358,6 +400,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     }
     if args.memory {
         return memory::run(&memory_plan(args)).await;
+    }
+    if args.disk {
+        return disk::run(&disk_plan(args)).await;
     }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
@@ -436,7 +481,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     drop(procs);
     println!("\nmemory mode, smoke size:");
     let memory_ok = memory::run(&memory_plan(args)).await?;
-    Ok(ok && memory_ok)
+    println!("\ndisk mode, smoke size:");
+    let disk_ok = disk::run(&disk_plan(args)).await?;
+    Ok(ok && memory_ok && disk_ok)
 }
 
 /// An error naming a started process that has exited, with its log.

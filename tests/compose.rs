@@ -131,3 +131,19 @@ fn the_image_runs_as_a_non_root_user_and_ships_both_binaries() {
     // The default command reads the same config compose mounts.
     assert!(dockerfile.contains("/etc/idemgate/docker.yaml"));
 }
+
+/// SPEC §12 in a container: the file store's directory outlives the container.
+#[test]
+fn the_image_declares_the_file_stores_directory_as_a_volume() {
+    let dockerfile = read("Dockerfile");
+    let file: serde_yaml::Value =
+        serde_yaml::from_str(&read("config/file.yaml")).expect("config/file.yaml is YAML");
+    let path = file["store"]["path"].as_str().expect("store.path");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.trim() == format!("VOLUME {path}")),
+        "the Dockerfile declares VOLUME {path}"
+    );
+    assert!(dockerfile.contains(&format!("chown 10001 {path}")));
+}

@@ -153,6 +153,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         let tuning = Tuning {
             max_entries: Some(plan.entries),
             admin_port: Some(admin_port),
+            ttl: None,
         };
         std::fs::write(
             &config,

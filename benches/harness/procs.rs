@@ -220,6 +220,17 @@ pub(crate) struct Tuning {
     pub(crate) max_entries: Option<usize>,
     /// The admin listener's port on 127.0.0.1 (`admin.listen: null` when `None`).
     pub(crate) admin_port: Option<u16>,
+    /// `idempotency.ttl` (and a lease no longer than it), for the disk mode.
+    pub(crate) ttl: Option<Duration>,
+}
+
+/// Where an idemgate target of the harness keeps its file store, inside `dir`.
+pub(crate) fn file_store_dir(dir: &Path, fsync: bool) -> PathBuf {
+    dir.join(if fsync {
+        "file-store-fsync"
+    } else {
+        "file-store-nosync"
+    })
 }
 
 /// idemgate's config: `/charges` guarded (key required), `/unguarded` passed through,
@@ -239,13 +250,13 @@ pub(crate) fn idemgate_yaml(
         Store::Redis(port) => format!("  kind: redis\n  url: redis://127.0.0.1:{port}/0\n"),
         Store::File { fsync } => format!(
             "  kind: file\n  path: {}\n  fsync: {fsync}\n",
-            dir.join(format!(
-                "file-store-{}",
-                if fsync { "fsync" } else { "nosync" }
-            ))
-            .display()
+            file_store_dir(dir, fsync).display()
         ),
     };
+    let idempotency = tuning.ttl.map_or_else(String::new, |ttl| {
+        let ms = ttl.as_millis().max(1);
+        format!("idempotency:\n  ttl: {ms}ms\n  lease: {ms}ms\n")
+    });
     if let Some(n) = tuning.max_entries {
         store.push_str(&format!("  max_entries: {n}\n"));
     }
@@ -256,6 +267,7 @@ pub(crate) fn idemgate_yaml(
         "listen: 127.0.0.1:{listen}\n\
          upstream:\n  url: http://{upstream}\n\
          store:\n{store}\
+         {idempotency}\
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
          \x20 - path: /unguarded\n    enabled: false\n\

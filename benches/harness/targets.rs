@@ -292,7 +292,7 @@ impl Target {
                     });
                 }
                 (Err(err), _) | (_, Err(err)) => {
-                    problems.push(format!("file store /metrics: {err}"))
+                    problems.push(format!("file store /metrics: {err}"));
                 }
                 (Ok(None), _) => {}
             }

@@ -31,12 +31,14 @@ use super::memory::{Clock, TokioClock};
 use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
+use index::{Index, Published};
 pub use watch::FileWatch;
 use watch::Watchers;
-use writer::{Counts, Op, Writer};
+use writer::{Op, Writer};
 
 mod backend;
 mod disk;
+mod index;
 mod watch;
 mod writer;
 
@@ -82,18 +84,18 @@ impl FileMetrics {
         }
     }
 
-    fn observe_commit(&self, elapsed: Duration, counts: Counts, file: &Path) {
+    fn observe_commit(&self, elapsed: Duration, index: &Index, file: &Path) {
         self.flushes.inc();
         self.flush_seconds.observe(elapsed.as_secs_f64());
-        self.set_counts(counts);
+        self.set_counts(index);
         if let Ok(meta) = std::fs::metadata(file) {
             self.disk_bytes.set(gauge(meta.len()));
         }
     }
 
-    fn set_counts(&self, counts: Counts) {
-        self.entries.set(gauge(counts.entries));
-        self.bytes.set(gauge(counts.bytes));
+    fn set_counts(&self, index: &Index) {
+        self.entries.set(gauge(index.keys.len() as u64));
+        self.bytes.set(gauge(index.bytes));
     }
 }
 
@@ -115,6 +117,8 @@ fn db_error(err: impl Into<redb::Error>) -> StoreError {
 #[derive(Debug)]
 pub struct FileStore<C: Clock = TokioClock> {
     db: Arc<Database>,
+    /// Each key's committed log id, kept by the writer.
+    published: Arc<Published>,
     /// Shared with the sweeper only weakly, so that dropping the store stops the writer.
     ops: Arc<Sender<Op>>,
     writer: Option<std::thread::JoinHandle<()>>,
@@ -143,16 +147,12 @@ impl<C: Clock + Clone> FileStore<C> {
             metrics.syncs.clone(),
             Arc::clone(&serving),
         )?;
-        let census = disk::census(&opened.db).map_err(|err| OpenError::Corrupt {
+        let index = Index::load(&opened.db).map_err(|err| OpenError::Corrupt {
             path: options.path.clone(),
             reason: err.to_string(),
         })?;
-        let counts = Counts {
-            entries: census.entries,
-            bytes: census.bytes,
-            next_seq: census.next_seq,
-        };
-        metrics.set_counts(counts);
+        metrics.set_counts(&index);
+        let published = Arc::new(Published::from(&index));
         if let Ok(meta) = std::fs::metadata(&opened.file) {
             metrics.disk_bytes.set(gauge(meta.len()));
         }
@@ -163,7 +163,8 @@ impl<C: Clock + Clone> FileStore<C> {
         let writer = Writer {
             db: Arc::clone(&db),
             max_entries: options.max_entries.max(1) as u64,
-            counts,
+            index,
+            published: Arc::clone(&published),
             metrics: metrics.clone(),
             watchers: Arc::clone(&watchers),
             file: opened.file,
@@ -185,11 +186,12 @@ impl<C: Clock + Clone> FileStore<C> {
         let ops = Arc::new(ops);
         tokio::spawn(sweep(
             Arc::downgrade(&ops),
-            Arc::downgrade(&db),
+            Arc::downgrade(&published),
             clock.clone(),
         ));
         Ok(Self {
             db,
+            published,
             ops,
             writer: Some(writer),
             watchers,
@@ -245,15 +247,21 @@ impl<C: Clock> FileStore<C> {
 
     /// What a claim finds without writing: a live record, or `None` when the key is
     /// free (or expired) and the writer has to decide.
+    ///
+    /// The published id may already be gone from the log (a commit replaced it since):
+    /// then the writer decides, as for a free key.
     fn read(&self, key: &ScopedKey, now: u64) -> Result<Option<Claim>, StoreError> {
+        let Some(id) = self.published.id(key) else {
+            return Ok(None);
+        };
         let txn = self.db.begin_read().map_err(db_error)?;
-        let records = txn.open_table(disk::RECORDS).map_err(db_error)?;
-        let Some(value) = records.get(key.as_bytes().as_slice()).map_err(db_error)? else {
+        let log = txn.open_table(disk::LOG).map_err(db_error)?;
+        let Some(value) = log.get(id).map_err(db_error)? else {
             return Ok(None);
         };
         let value = value.value();
         match disk::head(value) {
-            Ok(head) if head.expires_ms > now => Ok(Some(Claim::Existing {
+            Ok(head) if head.key == *key && head.expires_ms > now => Ok(Some(Claim::Existing {
                 record: disk::record(value).map_err(StoreError::Corrupt)?,
                 now_ms: now,
             })),
@@ -275,15 +283,17 @@ impl<C: Clock> Drop for FileStore<C> {
 }
 
 /// The background expiry: asks the writer to sweep when something has expired.
-async fn sweep<C: Clock>(ops: Weak<Sender<Op>>, db: Weak<Database>, clock: C) {
+async fn sweep<C: Clock>(ops: Weak<Sender<Op>>, published: Weak<Published>, clock: C) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let now = clock.now_ms();
-        let Some(db) = db.upgrade() else { return };
-        let due = first_expiry(&db).is_some_and(|first| first <= now);
-        drop(db);
+        let Some(published) = published.upgrade() else {
+            return;
+        };
+        let due = published.next_expiry() <= now;
+        drop(published);
         if due {
             let Some(ops) = ops.upgrade() else { return };
             if ops.send(Op::Sweep { now }).is_err() {
@@ -291,15 +301,6 @@ async fn sweep<C: Clock>(ops: Weak<Sender<Op>>, db: Weak<Database>, clock: C) {
             }
         }
     }
-}
-
-/// When the earliest entry expires, if any.
-fn first_expiry(db: &Database) -> Option<u64> {
-    let txn = db.begin_read().ok()?;
-    let expiry = txn.open_table(disk::EXPIRY).ok()?;
-    let (first, _) = expiry.first().ok()??;
-    let bytes: [u8; 8] = first.value().get(..8)?.try_into().ok()?;
-    Some(u64::from_be_bytes(bytes))
 }
 
 impl<C: Clock> Store for FileStore<C> {

@@ -1,18 +1,20 @@
 //! What the file store keeps on disk, and how a directory becomes an open database or a
 //! refusal that names the path.
 //!
-//! One redb file, `idemgate.redb`, with four tables:
+//! One redb file, `idemgate.redb`, with two tables:
 //!
 //! ```text
-//! records    key (32 bytes)                  -> expires_ms u64 | seq u64 | Record::encode()
-//! expiry     expires_ms u64 | key (40 bytes) -> ()      every record, by when it expires
-//! completed  seq u64                         -> key     completed records, oldest first
-//! meta       "format"                        -> u64     FORMAT, checked on every open
+//! log   id u64 -> key (32 bytes) | expires_ms u64 | Record::encode()
+//! meta  "format" -> u64   FORMAT, checked on every open
 //! ```
 //!
-//! Integers are big-endian, so byte order is numeric order. `seq` is 0 for an in-flight
-//! marker and the record's place in completion order for a completed one. Next to it
-//! `idemgate.lock` is held (`flock`) by the one process that has the store open.
+//! The log holds each key's current version under an id that only grows: a write
+//! appends a row and deletes the key's previous one, expiry deletes the oldest rows.
+//! A commit then dirties the log's newest and oldest pages only, not a page per key
+//! (as a table keyed by the random key hashes would), which is what a flush costs. The
+//! index from keys to ids lives in memory (`index.rs`), rebuilt by one scan on open.
+//! Integers are big-endian. Next to the database `idemgate.lock` is held (`flock`) by
+//! the one process that has the store open.
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -24,12 +26,10 @@ use prometheus_client::metrics::counter::Counter;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::backend::Backend;
-use crate::idempotency::Record;
 use crate::idempotency::record::DecodeError;
+use crate::idempotency::{Record, ScopedKey};
 
-pub(super) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
-pub(super) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
-pub(super) const COMPLETED: TableDefinition<u64, &[u8]> = TableDefinition::new("completed");
+pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The on-disk format this version reads and writes. A store of another format is
@@ -279,11 +279,7 @@ fn check_format(db: &impl ReadableDatabase) -> Result<(), Found> {
             ));
         }
     }
-    txn.open_table(RECORDS)
-        .map_err(|e| Found::Broken(e.to_string()))?;
-    txn.open_table(EXPIRY)
-        .map_err(|e| Found::Broken(e.to_string()))?;
-    txn.open_table(COMPLETED)
+    txn.open_table(LOG)
         .map_err(|e| Found::Broken(e.to_string()))?;
     Ok(())
 }
@@ -292,77 +288,50 @@ fn check_format(db: &impl ReadableDatabase) -> Result<(), Found> {
 fn init(db: &Database) -> Result<(), String> {
     let txn = db.begin_write().map_err(|e| e.to_string())?;
     {
-        txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-        txn.open_table(EXPIRY).map_err(|e| e.to_string())?;
-        txn.open_table(COMPLETED).map_err(|e| e.to_string())?;
+        txn.open_table(LOG).map_err(|e| e.to_string())?;
         let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
         meta.insert("format", FORMAT).map_err(|e| e.to_string())?;
     }
     txn.commit().map_err(|e| e.to_string())
 }
 
-/// A stored value: when it expires, its completion order (0 for a marker), the record.
+/// The head of a log row: whose version it is, and when it expires.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Head {
+    pub(super) key: ScopedKey,
     pub(super) expires_ms: u64,
-    pub(super) seq: u64,
 }
 
-const HEAD_LEN: usize = 16;
+const HEAD_LEN: usize = 40;
 
 pub(super) fn encode(head: Head, record: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEAD_LEN + record.len());
+    out.extend_from_slice(head.key.as_bytes());
     out.extend_from_slice(&head.expires_ms.to_be_bytes());
-    out.extend_from_slice(&head.seq.to_be_bytes());
     out.extend_from_slice(record);
     out
 }
 
 pub(super) fn head(value: &[u8]) -> Result<Head, DecodeError> {
-    let expires = value.get(..8).ok_or(DecodeError::Truncated)?;
-    let seq = value.get(8..HEAD_LEN).ok_or(DecodeError::Truncated)?;
+    let key: [u8; 32] = value
+        .get(..32)
+        .and_then(|k| k.try_into().ok())
+        .ok_or(DecodeError::Truncated)?;
+    let expires: [u8; 8] = value
+        .get(32..HEAD_LEN)
+        .and_then(|e| e.try_into().ok())
+        .ok_or(DecodeError::Truncated)?;
     Ok(Head {
-        expires_ms: u64::from_be_bytes(expires.try_into().map_err(|_| DecodeError::Truncated)?),
-        seq: u64::from_be_bytes(seq.try_into().map_err(|_| DecodeError::Truncated)?),
+        key: ScopedKey::from_bytes(key),
+        expires_ms: u64::from_be_bytes(expires),
     })
 }
 
+/// The encoded record of a row (empty for a row too short to have one).
+pub(super) fn record_bytes(value: &[u8]) -> &[u8] {
+    value.get(HEAD_LEN..).unwrap_or_default()
+}
+
 pub(super) fn record(value: &[u8]) -> Result<Record, DecodeError> {
-    let body = value.get(HEAD_LEN..).ok_or(DecodeError::Truncated)?;
-    Record::decode(Bytes::copy_from_slice(body))
-}
-
-/// The expiry index key: when, then which key.
-pub(super) fn expiry_key(expires_ms: u64, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + key.len());
-    out.extend_from_slice(&expires_ms.to_be_bytes());
-    out.extend_from_slice(key);
-    out
-}
-
-/// Counts what an opened store holds, for the gauges and the bound.
-pub(super) struct Census {
-    pub(super) entries: u64,
-    pub(super) bytes: u64,
-    pub(super) next_seq: u64,
-}
-
-pub(super) fn census(db: &Database) -> Result<Census, redb::Error> {
-    let txn = db.begin_read()?;
-    let records = txn.open_table(RECORDS)?;
-    let mut census = Census {
-        entries: 0,
-        bytes: 0,
-        next_seq: 1,
-    };
-    for row in records.iter()? {
-        let (_, value) = row?;
-        census.entries += 1;
-        census.bytes += value.value().len() as u64;
-    }
-    let completed = txn.open_table(COMPLETED)?;
-    if let Some((seq, _)) = completed.last()? {
-        census.next_seq = seq.value() + 1;
-    }
-    Ok(census)
+    Record::decode(Bytes::copy_from_slice(record_bytes(value)))
 }

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use redb::{Database, ReadableTable, Table};
 use tokio::sync::oneshot;
 
-use super::disk::{self, COMPLETED, EXPIRY, Head, RECORDS};
+use super::disk::{self, Head, LOG};
+use super::index::{Index, Loc, Published};
 use super::watch::Watchers;
 use super::{FileMetrics, unavailable};
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
 use crate::store::{Claim, ClaimRequest, Fenced, Lease, StoreError, millis};
 
 /// At most this many operations share one commit.
@@ -114,18 +115,11 @@ impl Answer {
     }
 }
 
-/// The writer's own view of the store's size, kept with every commit.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Counts {
-    pub(super) entries: u64,
-    pub(super) bytes: u64,
-    pub(super) next_seq: u64,
-}
-
 pub(super) struct Writer {
     pub(super) db: Arc<Database>,
     pub(super) max_entries: u64,
-    pub(super) counts: Counts,
+    pub(super) index: Index,
+    pub(super) published: Arc<Published>,
     pub(super) metrics: FileMetrics,
     pub(super) watchers: Arc<Watchers>,
     pub(super) file: std::path::PathBuf,
@@ -133,15 +127,14 @@ pub(super) struct Writer {
     pub(super) alive: Arc<AtomicBool>,
 }
 
-/// The open tables of one transaction, and what it changed.
-struct Tx<'t> {
-    records: Table<'t, &'static [u8], &'static [u8]>,
-    expiry: Table<'t, &'static [u8], ()>,
-    completed: Table<'t, u64, &'static [u8]>,
-    counts: Counts,
+/// The log table of one transaction, the index it keeps up to date, and what changed.
+struct Tx<'t, 'i> {
+    log: Table<'t, u64, &'static [u8]>,
+    index: &'i mut Index,
+    /// Keys whose version changed: published to readers after the commit.
+    touched: Vec<ScopedKey>,
+    /// Keys whose waiters are woken after the commit.
     changed: Vec<ScopedKey>,
-    /// Whether anything was written: a transaction that wrote nothing is not committed.
-    wrote: bool,
     evicted: u64,
     expired: u64,
 }
@@ -174,11 +167,11 @@ impl Writer {
         let mut answers = Vec::with_capacity(batch.len());
         match self.transact(batch, now, sweep_limit, &mut answers) {
             Ok(Some(done)) => {
-                self.counts = done.counts;
+                self.published.update(&self.index, &done.touched);
                 self.metrics.evictions.inc_by(done.evicted);
                 self.metrics.expired.inc_by(done.expired);
                 self.metrics
-                    .observe_commit(started.elapsed(), self.counts, &self.file);
+                    .observe_commit(started.elapsed(), &self.index, &self.file);
                 for key in &done.changed {
                     self.watchers.wake(key);
                 }
@@ -199,14 +192,25 @@ impl Writer {
                     answer.fail(&why);
                 }
                 // The operations not reached drop their reply: their callers see the
-                // writer's answer missing, which is the same error.
+                // writer's answer missing, which is the same error. The index may hold
+                // the failed batch: read it again from what is committed.
+                match Index::load(&*self.db) {
+                    Ok(index) => {
+                        self.index = index;
+                        self.published.reset(&self.index);
+                    }
+                    Err(err) => {
+                        tracing::error!(error = %err, "file store: cannot reload its index; stopping");
+                        self.alive.store(false, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
 
     /// Applies `batch` in one transaction and commits it if it wrote anything.
     fn transact(
-        &self,
+        &mut self,
         batch: Vec<Op>,
         now: u64,
         sweep_limit: usize,
@@ -215,12 +219,10 @@ impl Writer {
         let txn = self.db.begin_write()?;
         let done = {
             let mut tx = Tx {
-                records: txn.open_table(RECORDS)?,
-                expiry: txn.open_table(EXPIRY)?,
-                completed: txn.open_table(COMPLETED)?,
-                counts: self.counts,
+                log: txn.open_table(LOG)?,
+                index: &mut self.index,
+                touched: Vec::new(),
                 changed: Vec::new(),
-                wrote: false,
                 evicted: 0,
                 expired: 0,
             };
@@ -228,8 +230,8 @@ impl Writer {
                 answers.push(tx.apply(op, self.max_entries)?);
             }
             tx.sweep(now, sweep_limit)?;
-            tx.wrote.then_some(Done {
-                counts: tx.counts,
+            (!tx.touched.is_empty()).then_some(Done {
+                touched: tx.touched,
                 changed: tx.changed,
                 evicted: tx.evicted,
                 expired: tx.expired,
@@ -250,17 +252,13 @@ impl Writer {
 
 /// What a committed transaction changed.
 struct Done {
-    counts: Counts,
+    touched: Vec<ScopedKey>,
     changed: Vec<ScopedKey>,
     evicted: u64,
     expired: u64,
 }
 
-fn bad_record(err: crate::idempotency::record::DecodeError) -> StoreError {
-    StoreError::Corrupt(err)
-}
-
-impl Tx<'_> {
+impl Tx<'_, '_> {
     fn apply(&mut self, op: Op, max_entries: u64) -> Result<Answer, redb::Error> {
         Ok(match op {
             Op::Claim { req, now, reply } => {
@@ -283,12 +281,11 @@ impl Tx<'_> {
                 now,
                 reply,
             } => {
-                let fenced = match self.owned(key, token, now)? {
-                    Some((head, _)) => {
-                        self.remove(key, head)?;
-                        Fenced::Done
-                    }
-                    None => Fenced::LeaseLost,
+                let fenced = if self.owned(key, token, now)?.is_some() {
+                    self.remove(key)?;
+                    Fenced::Done
+                } else {
+                    Fenced::LeaseLost
                 };
                 Answer::Fenced(reply, fenced)
             }
@@ -300,14 +297,10 @@ impl Tx<'_> {
                 reply,
             } => {
                 let fenced = match self.owned(key, token, now)? {
-                    Some((head, mut marker)) => {
+                    Some((loc, mut marker)) => {
                         let deadline = now + millis(lease_for);
                         marker.lease_deadline_ms = deadline;
-                        let renewed = Head {
-                            expires_ms: head.expires_ms.max(deadline),
-                            seq: 0,
-                        };
-                        self.put(key, renewed, &marker.encode(), Some(head))?;
+                        self.put(key, loc.expires_ms.max(deadline), &marker.encode(), false)?;
                         Fenced::Done
                     }
                     None => Fenced::LeaseLost,
@@ -322,12 +315,12 @@ impl Tx<'_> {
             } => {
                 let lease = match self.owned(req.key, stale, now)? {
                     // The lease must still be over: a late renewal by a live owner wins.
-                    Some((head, marker)) if marker.lease_deadline_ms <= now => {
+                    Some((_, marker)) if marker.lease_deadline_ms <= now => {
                         self.put(
                             req.key,
-                            marker_head(&req, now),
+                            marker_expiry(&req, now),
                             &req.marker(now).encode(),
-                            Some(head),
+                            false,
                         )?;
                         self.changed.push(req.key);
                         Some(Lease {
@@ -349,26 +342,24 @@ impl Tx<'_> {
         now: u64,
         max_entries: u64,
     ) -> Result<Result<Claim, StoreError>, redb::Error> {
-        if let Some((head, value)) = self.get(req.key)? {
-            if head.expires_ms > now {
-                return Ok(disk::record(&value)
-                    .map(|record| Claim::Existing {
-                        record,
-                        now_ms: now,
-                    })
-                    .map_err(bad_record));
+        if let Some(loc) = self.index.keys.get(&req.key).copied() {
+            if loc.expires_ms > now {
+                return Ok(self.read(loc.id)?.map(|record| Claim::Existing {
+                    record,
+                    now_ms: now,
+                }));
             }
             // Expired: its waiters are woken and find the new marker.
-            self.remove(req.key, head)?;
+            self.remove(req.key)?;
         }
         if let Err(full) = self.make_room(max_entries, now)? {
             return Ok(Err(full));
         }
         self.put(
             req.key,
-            marker_head(req, now),
+            marker_expiry(req, now),
             &req.marker(now).encode(),
-            None,
+            false,
         )?;
         Ok(Ok(Claim::Acquired(Lease {
             key: req.key,
@@ -384,51 +375,33 @@ impl Tx<'_> {
         ttl: Duration,
         now: u64,
     ) -> Result<Result<Fenced, StoreError>, redb::Error> {
-        match self.owned(key, token, now)? {
-            Some((head, _)) => {
-                let seq = self.counts.next_seq;
-                self.counts.next_seq += 1;
-                let done = Head {
-                    expires_ms: now + millis(ttl),
-                    seq,
-                };
-                self.put(key, done, &record.encode(), Some(head))?;
-                self.changed.push(key);
-                Ok(Ok(Fenced::Done))
-            }
-            None => {
-                // Repeating a completion that already landed is done, as on every store.
-                let Some((head, value)) = self.get(key)? else {
-                    return Ok(Ok(Fenced::LeaseLost));
-                };
-                if head.expires_ms <= now || head.seq == 0 {
-                    return Ok(Ok(Fenced::LeaseLost));
-                }
-                Ok(match disk::record(&value) {
-                    Ok(Record::Completed(stored)) if *stored == *record => Ok(Fenced::Done),
-                    Ok(_) => Ok(Fenced::LeaseLost),
-                    Err(err) => Err(bad_record(err)),
-                })
-            }
+        if self.owned(key, token, now)?.is_some() {
+            self.put(key, now + millis(ttl), &record.encode(), true)?;
+            self.changed.push(key);
+            return Ok(Ok(Fenced::Done));
         }
+        // Repeating a completion that already landed is done, as on every store.
+        let Some(loc) = self.index.keys.get(&key).copied() else {
+            return Ok(Ok(Fenced::LeaseLost));
+        };
+        if loc.expires_ms <= now || !loc.completed {
+            return Ok(Ok(Fenced::LeaseLost));
+        }
+        Ok(match self.read(loc.id)? {
+            Ok(Record::Completed(stored)) if *stored == *record => Ok(Fenced::Done),
+            Ok(_) => Ok(Fenced::LeaseLost),
+            Err(err) => Err(err),
+        })
     }
 
-    fn get(&self, key: ScopedKey) -> Result<Option<(Head, Vec<u8>)>, redb::Error> {
-        let Some(value) = self.records.get(key.as_bytes().as_slice())? else {
-            return Ok(None);
+    /// The record stored under log id `id` (written by this transaction or before).
+    fn read(&self, id: u64) -> Result<Result<Record, StoreError>, redb::Error> {
+        let Some(value) = self.log.get(id)? else {
+            return Ok(Err(StoreError::Protocol(
+                "the file store's index names a row that is not in its log",
+            )));
         };
-        let value = value.value().to_vec();
-        match disk::head(&value) {
-            Ok(head) => Ok(Some((head, value))),
-            // A value too short to have a head: as good as expired, it is replaced.
-            Err(_) => Ok(Some((
-                Head {
-                    expires_ms: 0,
-                    seq: 0,
-                },
-                value,
-            ))),
-        }
+        Ok(disk::record(value.value()).map_err(StoreError::Corrupt))
     }
 
     /// The live marker under `key`, if it holds `token`.
@@ -437,65 +410,54 @@ impl Tx<'_> {
         key: ScopedKey,
         token: OwnerToken,
         now: u64,
-    ) -> Result<Option<(Head, crate::idempotency::InFlight)>, redb::Error> {
-        let Some((head, value)) = self.get(key)? else {
+    ) -> Result<Option<(Loc, InFlight)>, redb::Error> {
+        let Some(loc) = self.index.keys.get(&key).copied() else {
             return Ok(None);
         };
-        if head.expires_ms <= now {
+        if loc.expires_ms <= now || loc.completed {
             return Ok(None);
         }
-        Ok(match disk::record(&value) {
-            Ok(Record::InFlight(marker)) if marker.token == token => Some((head, marker)),
+        Ok(match self.read(loc.id)? {
+            Ok(Record::InFlight(marker)) if marker.token == token => Some((loc, marker)),
             _ => None,
         })
     }
 
-    /// Writes `record` under `key`, replacing what `old` describes.
+    /// Appends a new version of `key` to the log and deletes its previous one.
     fn put(
         &mut self,
         key: ScopedKey,
-        head: Head,
+        expires_ms: u64,
         record: &[u8],
-        old: Option<Head>,
+        completed: bool,
     ) -> Result<(), redb::Error> {
-        let k = key.as_bytes().as_slice();
-        if let Some(old) = old {
-            self.expiry
-                .remove(disk::expiry_key(old.expires_ms, k).as_slice())?;
-            if old.seq != 0 {
-                self.completed.remove(old.seq)?;
-            }
+        if let Some(old) = self.index.remove(&key) {
+            self.log.remove(old.id)?;
         }
-        self.wrote = true;
-        let value = disk::encode(head, record);
-        let replaced = self.records.insert(k, value.as_slice())?;
-        match replaced {
-            Some(previous) => self.counts.bytes -= previous.value().len() as u64,
-            None => self.counts.entries += 1,
-        }
-        self.counts.bytes += value.len() as u64;
-        self.expiry
-            .insert(disk::expiry_key(head.expires_ms, k).as_slice(), ())?;
-        if head.seq != 0 {
-            self.completed.insert(head.seq, k)?;
-        }
+        let id = self.index.next_id;
+        self.index.next_id += 1;
+        let value = disk::encode(Head { key, expires_ms }, record);
+        self.log.insert(id, value.as_slice())?;
+        self.index.insert(
+            key,
+            Loc {
+                id,
+                expires_ms,
+                completed,
+                len: value.len() as u64,
+            },
+        );
+        self.touched.push(key);
         Ok(())
     }
 
-    /// Removes what is under `key` (described by `head`), waking its waiters.
-    fn remove(&mut self, key: ScopedKey, head: Head) -> Result<(), redb::Error> {
-        let k = key.as_bytes().as_slice();
-        self.wrote = true;
-        if let Some(value) = self.records.remove(k)? {
-            self.counts.entries -= 1;
-            self.counts.bytes -= value.value().len() as u64;
+    /// Deletes `key`'s version, waking its waiters.
+    fn remove(&mut self, key: ScopedKey) -> Result<(), redb::Error> {
+        if let Some(old) = self.index.remove(&key) {
+            self.log.remove(old.id)?;
+            self.touched.push(key);
+            self.changed.push(key);
         }
-        self.expiry
-            .remove(disk::expiry_key(head.expires_ms, k).as_slice())?;
-        if head.seq != 0 {
-            self.completed.remove(head.seq)?;
-        }
-        self.changed.push(key);
         Ok(())
     }
 
@@ -506,21 +468,16 @@ impl Tx<'_> {
         max_entries: u64,
         now: u64,
     ) -> Result<Result<(), StoreError>, redb::Error> {
-        while self.counts.entries >= max_entries {
-            let oldest = self.completed.first()?.map(|(_, key)| key.value().to_vec());
-            if let Some(key) = oldest {
-                let key = scoped(&key);
-                match self.get(key)? {
-                    Some((head, _)) => {
-                        self.evicted += u64::from(head.expires_ms > now);
-                        self.remove(key, head)?;
-                    }
-                    // An order entry without its record: drop it and look again.
-                    None => {
-                        self.wrote = true;
-                        self.completed.pop_first()?;
-                    }
-                }
+        while self.index.keys.len() as u64 >= max_entries {
+            if let Some((_, key)) = self.index.completed.first_key_value() {
+                let key = *key;
+                let live = self
+                    .index
+                    .keys
+                    .get(&key)
+                    .is_some_and(|loc| loc.expires_ms > now);
+                self.evicted += u64::from(live);
+                self.remove(key)?;
                 continue;
             }
             if self.sweep(now, 1)? == 0 {
@@ -530,44 +487,23 @@ impl Tx<'_> {
         Ok(Ok(()))
     }
 
-    /// Removes up to `limit` entries whose ttl has passed, oldest first.
+    /// Removes up to `limit` entries whose ttl has passed, earliest first.
     fn sweep(&mut self, now: u64, limit: usize) -> Result<usize, redb::Error> {
-        let end = disk::expiry_key(now.saturating_add(1), &[]);
-        let due: Vec<Vec<u8>> = self
+        let due: Vec<ScopedKey> = self
+            .index
             .expiry
-            .range(..end.as_slice())?
+            .range(..(now.saturating_add(1), 0))
             .take(limit)
-            .map(|row| row.map(|(key, _)| key.value().to_vec()))
-            .collect::<Result<_, _>>()?;
-        for entry in &due {
-            let key = scoped(&entry[8..]);
-            match self.get(key)? {
-                Some((head, _)) if head.expires_ms <= now => {
-                    self.remove(key, head)?;
-                    self.expired += 1;
-                }
-                // A stale index entry (the record moved on): just drop it.
-                _ => {
-                    self.wrote = true;
-                    self.expiry.remove(entry.as_slice())?;
-                }
-            }
+            .map(|(_, key)| *key)
+            .collect();
+        for key in &due {
+            self.remove(*key)?;
+            self.expired += 1;
         }
         Ok(due.len())
     }
 }
 
-fn marker_head(req: &ClaimRequest, now: u64) -> Head {
-    Head {
-        expires_ms: now + millis(req.marker_ttl()),
-        seq: 0,
-    }
-}
-
-/// A key as stored; anything but 32 bytes maps to a key no request can have.
-fn scoped(bytes: &[u8]) -> ScopedKey {
-    let mut key = [0u8; 32];
-    let n = bytes.len().min(32);
-    key[..n].copy_from_slice(&bytes[..n]);
-    ScopedKey::from_bytes(key)
+fn marker_expiry(req: &ClaimRequest, now: u64) -> u64 {
+    now + millis(req.marker_ttl())
 }
