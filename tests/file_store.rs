@@ -216,3 +216,44 @@ async fn a_path_that_cannot_be_created_exits_1_and_check_reports_it() {
     assert!(check.stdout.contains("  fsync: true"), "{}", check.stdout);
     assert!(!tmp.path().join("later").exists());
 }
+
+/// `on_concurrent: wait` on the file store: duplicates parked on the owner's key are
+/// woken by its commit and replay the recorded response; one execution.
+#[tokio::test]
+async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
+    use idemgate::config::Config;
+    use idemgate::store::{FileOptions, FileStore};
+
+    let up = Upstream::start().await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let yaml = format!(
+        "upstream:\n  url: {}\nstore:\n  kind: file\n  path: {}\nidempotency:\n  on_concurrent: wait\n",
+        up.url(),
+        store_dir(&tmp).display()
+    );
+    let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
+    let store = FileStore::open(&FileOptions {
+        path: config.store.path.clone(),
+        fsync: config.store.fsync,
+        max_entries: config.store.max_entries,
+    })
+    .expect("open");
+    let proxy = support::Proxy::with_store(config, store).await;
+    let c = proxy.client();
+    let first = c.spawn_post("/gate/charges", "w", "{}");
+    up.wait_for(1).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| c.spawn_post("/gate/charges", "w", "{}"))
+        .collect();
+    proxy.state.metrics.wait_until(|m| m.waiting() == 3).await;
+    up.open_gate();
+    let first = first.await.expect("join");
+    assert_eq!(first.status, 201, "{}", first.text());
+    for waiter in waiters {
+        let r = waiter.await.expect("join");
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert!(r.replayed());
+        assert_eq!(r.body, first.body);
+    }
+    assert_eq!(up.count(), 1);
+}

@@ -32,13 +32,15 @@ use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
 use index::{Index, Published};
+use op::Op;
 pub use watch::FileWatch;
 use watch::Watchers;
-use writer::{Op, Writer};
+use writer::Writer;
 
 mod backend;
 mod disk;
 mod index;
+mod op;
 mod watch;
 mod writer;
 

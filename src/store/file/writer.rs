@@ -13,12 +13,12 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableTable, Table};
-use tokio::sync::oneshot;
 
+use super::FileMetrics;
 use super::disk::{self, Head, LOG};
 use super::index::{Index, Loc, Published};
+use super::op::{Answer, Op};
 use super::watch::Watchers;
-use super::{FileMetrics, unavailable};
 use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
 use crate::store::{Claim, ClaimRequest, Fenced, Lease, StoreError, millis};
 
@@ -28,92 +28,6 @@ const MAX_BATCH: usize = 4096;
 const SWEEP_PER_COMMIT: usize = 256;
 /// Expired entries removed by one timed sweep.
 pub(super) const SWEEP_PER_TICK: usize = 8192;
-
-type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
-
-/// One queued operation, with the caller's clock reading and where to answer.
-#[derive(Debug)]
-pub(super) enum Op {
-    Claim {
-        req: ClaimRequest,
-        now: u64,
-        reply: Reply<Claim>,
-    },
-    Complete {
-        key: ScopedKey,
-        token: OwnerToken,
-        record: Arc<Completed>,
-        ttl: Duration,
-        now: u64,
-        reply: Reply<Fenced>,
-    },
-    Release {
-        key: ScopedKey,
-        token: OwnerToken,
-        now: u64,
-        reply: Reply<Fenced>,
-    },
-    Renew {
-        key: ScopedKey,
-        token: OwnerToken,
-        lease_for: Duration,
-        now: u64,
-        reply: Reply<Fenced>,
-    },
-    TakeOver {
-        stale: OwnerToken,
-        req: ClaimRequest,
-        now: u64,
-        reply: Reply<Option<Lease>>,
-    },
-    /// Removes entries whose ttl has passed (the background expiry).
-    Sweep { now: u64 },
-}
-
-impl Op {
-    fn now(&self) -> u64 {
-        match self {
-            Op::Claim { now, .. }
-            | Op::Complete { now, .. }
-            | Op::Release { now, .. }
-            | Op::Renew { now, .. }
-            | Op::TakeOver { now, .. }
-            | Op::Sweep { now } => *now,
-        }
-    }
-}
-
-/// An answer decided inside the transaction, sent once it is committed.
-enum Answer {
-    Claim(Reply<Claim>, Result<Claim, StoreError>),
-    Fenced(Reply<Fenced>, Fenced),
-    TakeOver(Reply<Option<Lease>>, Option<Lease>),
-    Failed(Reply<Fenced>, StoreError),
-    None,
-}
-
-impl Answer {
-    fn send(self) {
-        // A caller that gave up (its deadline passed) no longer listens: nothing to do.
-        match self {
-            Answer::Claim(reply, result) => drop(reply.send(result)),
-            Answer::Fenced(reply, fenced) => drop(reply.send(Ok(fenced))),
-            Answer::TakeOver(reply, lease) => drop(reply.send(Ok(lease))),
-            Answer::Failed(reply, err) => drop(reply.send(Err(err))),
-            Answer::None => {}
-        }
-    }
-
-    fn fail(self, why: &str) {
-        let err = || unavailable(why.to_owned());
-        match self {
-            Answer::Claim(reply, _) => drop(reply.send(Err(err()))),
-            Answer::Fenced(reply, _) | Answer::Failed(reply, _) => drop(reply.send(Err(err()))),
-            Answer::TakeOver(reply, _) => drop(reply.send(Err(err()))),
-            Answer::None => {}
-        }
-    }
-}
 
 pub(super) struct Writer {
     pub(super) db: Arc<Database>,
@@ -142,6 +56,8 @@ struct Tx<'t, 'i> {
 impl Writer {
     /// Serves batches until every sender is gone.
     pub(super) fn run(mut self, ops: &Receiver<Op>) {
+        // However the loop ends, a panic included, `/readyz` learns of it.
+        let _stopped = Stopped(Arc::clone(&self.alive));
         while let Ok(first) = ops.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -152,7 +68,6 @@ impl Writer {
             }
             self.commit(batch);
         }
-        self.alive.store(false, Ordering::Relaxed);
     }
 
     fn commit(&mut self, batch: Vec<Op>) {
@@ -247,6 +162,15 @@ impl Writer {
                 Ok(Some(done))
             }
         }
+    }
+}
+
+/// Clears the writer's liveness flag when dropped.
+struct Stopped(Arc<AtomicBool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 
