@@ -432,7 +432,14 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         idemgate,
         redis_server,
         nginx,
-    } = targets::start(dir.path(), upstream, &args.targets, &args.log_level).await?;
+    } = targets::start(
+        dir.path(),
+        upstream,
+        &args.targets,
+        &args.log_level,
+        args.scenarios.contains(&Scenario::JsonKey),
+    )
+    .await?;
 
     report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
     println!(

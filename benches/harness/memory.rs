@@ -154,6 +154,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
             max_entries: Some(plan.entries),
             admin_port: Some(admin_port),
             ttl: None,
+            json_key_route: false,
         };
         std::fs::write(
             &config,

@@ -222,6 +222,10 @@ pub(crate) struct Tuning {
     pub(crate) admin_port: Option<u16>,
     /// `idempotency.ttl` (and a lease no longer than it), for the disk mode.
     pub(crate) ttl: Option<Duration>,
+    /// The `/orders` route of the json-key scenario (a key source in the body), written
+    /// only when that scenario runs, so that an idemgate from before key sources can be
+    /// measured (`IDEMGATE_BIN`) on the others.
+    pub(crate) json_key_route: bool,
 }
 
 /// Where an idemgate target of the harness keeps its file store, inside `dir`.
@@ -264,6 +268,12 @@ pub(crate) fn idemgate_yaml(
     let admin = tuning
         .admin_port
         .map_or_else(|| "null".to_owned(), |port| format!("127.0.0.1:{port}"));
+    let orders = if tuning.json_key_route {
+        "  - path: /orders\n    methods: [POST]\n    required: true\n\
+         \x20   key_from: [{json: /metadata/order_id}]\n    fingerprint_body: json\n"
+    } else {
+        ""
+    };
     format!(
         "listen: 127.0.0.1:{listen}\n\
          upstream:\n  url: http://{upstream}\n\
@@ -271,8 +281,7 @@ pub(crate) fn idemgate_yaml(
          {idempotency}\
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
-         \x20 - path: /orders\n    methods: [POST]\n    required: true\n\
-         \x20   key_from: [{{json: /metadata/order_id}}]\n    fingerprint_body: json\n\
+         {orders}\
          \x20 - path: /unguarded\n    enabled: false\n\
          admin:\n  listen: {admin}\n\
          log:\n  level: \"{log_level}\"\n"

@@ -48,6 +48,7 @@ pub(crate) async fn start(
     upstream: SocketAddr,
     wanted: &[TargetKind],
     log_level: &str,
+    json_key_route: bool,
 ) -> Result<Started, BoxError> {
     let mut procs: Vec<Proc> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -79,6 +80,7 @@ pub(crate) async fn start(
             procs::spawn_server(kind.name(), &dir, false, |port| {
                 let tuning = procs::Tuning {
                     admin_port: admin_port.filter(|admin| *admin != port),
+                    json_key_route,
                     ..procs::Tuning::default()
                 };
                 std::fs::write(
