@@ -11,7 +11,8 @@ COPY src ./src
 COPY examples ./examples
 COPY tests ./tests
 COPY benches ./benches
-RUN cargo build --release --locked --bin idemgate --example toy_backend
+RUN cargo build --release --locked --bin idemgate --example toy_backend \
+ && mkdir -p /var/lib/idemgate
 
 FROM debian:bookworm-slim
 # Trust anchors for https:// upstreams and rediss:// (the rust image installs
@@ -19,8 +20,13 @@ FROM debian:bookworm-slim
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /src/target/release/idemgate /src/target/release/examples/toy_backend /usr/local/bin/
 COPY config /etc/idemgate
+# The file store's directory (store.kind: file, config/file.yaml): made empty in the
+# build stage and owned by the image's user, so that a fresh volume mounted there is
+# writable; a volume, so that keys survive a new container.
+COPY --from=build --chown=10001:10001 /var/lib/idemgate /var/lib/idemgate
+VOLUME /var/lib/idemgate
 # A numeric user and group: no passwd entry is needed, and Kubernetes' runAsNonRoot can
-# tell that it is not root. Nothing is written to the file system at run time, so the
+# tell that it is not root. Nothing is written outside the volume at run time, so the
 # root file system can be read-only (docker-compose.yml, deploy/kubernetes/).
 USER 10001:10001
 EXPOSE 8080 9901

@@ -2,13 +2,15 @@
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
+//! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
-//! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store and on
-//! a redis-server of its own, and nginx when it is on `PATH`; then drives each target
+//! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
+//! a redis-server of its own and on the file store (with and without fsync, in the
+//! harness's temp dir), and nginx when it is on `PATH`; then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
-//! baseline measured in the same run, Redis commands per request, and the targets of
-//! issue 6. `--memory` measures instead the memory store's footprint at `max_entries`
+//! baseline measured in the same run, Redis commands and file-store flushes per request,
+//! and the targets of issues 6 and 12. `--memory` measures instead the memory store's footprint at `max_entries`
 //! with 1 KiB responses, and whether idemgate's RSS stays flat once it is full. See
 //! BENCHMARKS.md.
 //!
@@ -20,6 +22,7 @@
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
+//! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
 //! - [`report`]: the table, the correctness checks and the targets.
 
@@ -32,6 +35,8 @@
 // A crate root finds its modules next to itself; these live in `benches/harness/`.
 #[path = "harness/cpu.rs"]
 mod cpu;
+#[path = "harness/disk.rs"]
+mod disk;
 #[path = "harness/load.rs"]
 mod load;
 #[path = "harness/memory.rs"]
@@ -60,7 +65,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --concurrency N     keep-alive connections, one request each  [32; smoke 4]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
-  --targets LIST      subset of memory,redis,nginx (the baseline always runs)
+  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
+                      always runs)
   --scenarios LIST    subset of unguarded,miss,hit,json-key
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
@@ -68,6 +74,11 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       grows more than 25 % after the store is full
   --entries N         --memory: store.max_entries               [100000; smoke 1000]
                       (--duration: run that long; without it, until 3×N keys or 60 s)
+  --disk              instead: the file store's directory size under a steady miss
+                      load with a short ttl; exits non-zero if it grows more than
+                      10 % after three ttls [--duration 120; smoke 3]
+  --ttl SECS          --disk: idempotency.ttl                   [5; smoke 0.3]
+  --nosync            --disk: fsync: false
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// What is measured.
@@ -76,6 +87,10 @@ pub(crate) enum TargetKind {
     Baseline,
     Memory,
     Redis,
+    /// The file store with `fsync: true` (SPEC §12).
+    File,
+    /// The file store with `fsync: false`.
+    FileNoSync,
     Nginx,
 }
 
@@ -85,12 +100,17 @@ impl TargetKind {
             TargetKind::Baseline => "plain-proxy",
             TargetKind::Memory => "idemgate-memory",
             TargetKind::Redis => "idemgate-redis",
+            TargetKind::File => "idemgate-file",
+            TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::Nginx => "nginx",
         }
     }
 
     fn is_idemgate(self) -> bool {
-        matches!(self, TargetKind::Memory | TargetKind::Redis)
+        matches!(
+            self,
+            TargetKind::Memory | TargetKind::Redis | TargetKind::File | TargetKind::FileNoSync
+        )
     }
 }
 
@@ -161,6 +181,12 @@ struct Args {
     entries: Option<usize>,
     /// `--duration` was given: the memory mode runs that long.
     duration_set: bool,
+    /// The disk mode instead of the scenarios.
+    disk: bool,
+    /// `--ttl`: the disk mode's `idempotency.ttl`.
+    ttl: Option<Duration>,
+    /// `--nosync`: the disk mode with `fsync: false`.
+    nosync: bool,
 }
 
 fn main() -> ExitCode {
@@ -246,12 +272,21 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
         concurrency: if smoke { 4 } else { 32 },
         smoke,
-        targets: vec![TargetKind::Memory, TargetKind::Redis, TargetKind::Nginx],
+        targets: vec![
+            TargetKind::Memory,
+            TargetKind::Redis,
+            TargetKind::File,
+            TargetKind::FileNoSync,
+            TargetKind::Nginx,
+        ],
         scenarios: Scenario::ALL.to_vec(),
         log_level: "warn".to_owned(),
         memory: false,
         entries: None,
         duration_set: false,
+        disk: false,
+        ttl: None,
+        nosync: false,
     };
     let seconds = |v: &str| -> Result<Duration, BoxError> {
         let secs: f64 = v
@@ -274,6 +309,9 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.duration_set = true;
             }
             "--memory" => args.memory = true,
+            "--disk" => args.disk = true,
+            "--nosync" => args.nosync = true,
+            "--ttl" => args.ttl = Some(seconds(value()?)?).filter(|d| !d.is_zero()),
             "--entries" => {
                 let v = value()?;
                 args.entries = Some(
@@ -296,6 +334,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.targets = list(value()?, |name| match name {
                     "memory" => Some(TargetKind::Memory),
                     "redis" => Some(TargetKind::Redis),
+                    "file" => Some(TargetKind::File),
+                    "file-nosync" => Some(TargetKind::FileNoSync),
                     "nginx" => Some(TargetKind::Nginx),
                     _ => None,
                 })?;
@@ -342,6 +382,27 @@ fn memory_plan(args: &Args) -> memory::Plan {
     }
 }
 
+/// The disk mode's plan: a 5 s ttl for two minutes (a smoke run: 0.3 s for 3 s).
+fn disk_plan(args: &Args) -> disk::Plan {
+    let (ttl, duration) = if args.smoke {
+        (Duration::from_millis(300), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(5), Duration::from_secs(120))
+    };
+    disk::Plan {
+        ttl: args.ttl.unwrap_or(ttl),
+        duration: if args.duration_set {
+            args.duration
+        } else {
+            duration
+        },
+        concurrency: args.concurrency,
+        fsync: !args.nosync,
+        log_level: args.log_level.clone(),
+        smoke: args.smoke,
+    }
+}
+
 /// Starts everything, measures every (scenario, target) in sequence, prints the report.
 /// `Ok(false)`: it ran, but some check failed.
 async fn bench(args: &Args) -> Result<bool, BoxError> {
@@ -350,6 +411,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     }
     if args.memory {
         return memory::run(&memory_plan(args)).await;
+    }
+    if args.disk {
+        return disk::run(&disk_plan(args)).await;
     }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
@@ -368,7 +432,14 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         idemgate,
         redis_server,
         nginx,
-    } = targets::start(dir.path(), upstream, &args.targets, &args.log_level).await?;
+    } = targets::start(
+        dir.path(),
+        upstream,
+        &args.targets,
+        &args.log_level,
+        args.scenarios.contains(&Scenario::JsonKey),
+    )
+    .await?;
 
     report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
     println!(
@@ -428,7 +499,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     drop(procs);
     println!("\nmemory mode, smoke size:");
     let memory_ok = memory::run(&memory_plan(args)).await?;
-    Ok(ok && memory_ok)
+    println!("\ndisk mode, smoke size:");
+    let disk_ok = disk::run(&disk_plan(args)).await?;
+    Ok(ok && memory_ok && disk_ok)
 }
 
 /// An error naming a started process that has exited, with its log.

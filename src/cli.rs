@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind};
 use crate::proxy::{AppState, Shutdown, serve};
-use crate::store::{MemoryStore, RedisStore, Store};
+use crate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
@@ -64,6 +64,8 @@ enum CliError {
     Contradiction,
     #[error("store: {0}")]
     Store(#[source] crate::store::StoreError),
+    #[error("{0}")]
+    FileStore(#[from] crate::store::file::OpenError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -113,6 +115,14 @@ pub fn main() -> ExitCode {
         };
     }
     if args.check {
+        // SPEC §12: a file store's directory must be creatable and writable; checked
+        // without leaving anything behind, and without opening the store (which may be
+        // in use by the running proxy).
+        if config.store.kind == StoreKind::File
+            && let Err(err) = crate::store::file::check_path(&config.store.path)
+        {
+            return fail(&CliError::FileStore(err));
+        }
         #[allow(
             clippy::print_stdout,
             reason = "--check prints the configuration by contract"
@@ -254,6 +264,20 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
         StoreKind::Memory => {
             let store = MemoryStore::new(config.store.max_entries);
             Ok(run_with(listener, config, store, reload).await)
+        }
+        StoreKind::File => {
+            let store = FileStore::open(&FileOptions {
+                path: config.store.path.clone(),
+                fsync: config.store.fsync,
+                max_entries: config.store.max_entries,
+            })?;
+            tracing::info!(
+                path = %config.store.path.display(),
+                fsync = config.store.fsync,
+                entries = store.len(),
+                "file store open"
+            );
+            Ok(run_with(listener, config, store).await)
         }
         StoreKind::Redis => {
             let mut store = RedisStore::new(&config.store).map_err(CliError::Store)?;

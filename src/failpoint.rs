@@ -9,6 +9,9 @@ pub(crate) const AFTER_CLAIM: &str = "after-claim";
 pub(crate) const AFTER_FORWARD: &str = "after-forward";
 /// After the outcome was recorded, before the response is sent.
 pub(crate) const AFTER_RECORD: &str = "after-record";
+/// The file store: while a commit is being flushed, its pages written, the flush not
+/// yet returned.
+pub(crate) const DURING_FLUSH: &str = "during-flush";
 
 #[cfg(feature = "failpoints")]
 pub(crate) fn hit(name: &'static str) {

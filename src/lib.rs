@@ -10,7 +10,7 @@
 //! - `failpoint` (private): named crash points for the fault suite (feature `failpoints`).
 //! - [`idempotency`]: the pure engine: key sources, keys and record addresses,
 //!   fingerprints, records, the decision table.
-//! - [`store`]: the [`store::Store`] trait, its backends (memory, redis) and the timing
+//! - [`store`]: the [`store::Store`] trait, its backends (memory, file, redis) and the timing
 //!   decorator every call goes through.
 //! - [`proxy`]: accept loop and shutdown, then the request path in the order a request
 //!   visits it: handler, claim, exchange, lease, reply, upstream.

@@ -110,7 +110,7 @@ async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
         ("idempotency:\n  lease: 10\n", "idempotency.lease: "),
         (
             "store:\n  kind: postgres\n",
-            "store.kind: unknown variant 'postgres', expected one of memory, redis",
+            "store.kind: unknown variant 'postgres', expected one of memory, file, redis",
         ),
         (
             "routes:\n  - path: /a\n  - path: /b\n    wait_timeout: soon\n",

@@ -319,3 +319,20 @@ async fn health_checks_pass_against_live_services_and_fail_otherwise() {
     backend.abort();
     proxy.stop().await;
 }
+
+/// SPEC §12 in a container: the file store's directory outlives the container.
+#[test]
+fn the_image_declares_the_file_stores_directory_as_a_volume() {
+    let dockerfile = read("Dockerfile");
+    let file: serde_yaml::Value =
+        serde_yaml::from_str(&read("config/file.yaml")).expect("config/file.yaml is YAML");
+    let path = file["store"]["path"].as_str().expect("store.path");
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.trim() == format!("VOLUME {path}")),
+        "the Dockerfile declares VOLUME {path}"
+    );
+    // Owned by the image's user, so that a fresh volume there is writable.
+    assert!(dockerfile.contains(&format!("--chown=10001:10001 {path} {path}")));
+}

@@ -189,7 +189,7 @@ impl BuildFs {
     }
 
     /// Replays one `RUN` of the build stage: `cargo build ...` (run offline in
-    /// `workspace`) and `cp FILE... DEST`, joined by `&&`. Anything else is refused, so the
+    /// `workspace`), `cp FILE... DEST` and `mkdir -p DIR...`, joined by `&&`. Anything else is refused, so the
     /// test never pretends to have replayed a step it did not.
     fn run(&self, run: &Instruction) {
         let commands: Vec<Vec<String>> = match exec_form(run) {
@@ -217,6 +217,11 @@ impl BuildFs {
             {
                 ["cargo", "build", ..] => self.cargo(&argv[1..], run.line),
                 ["cp", args @ ..] => self.cp(args, run.line),
+                ["mkdir", "-p", dirs @ ..] => {
+                    for dir in dirs {
+                        std::fs::create_dir_all(self.host(dir)).expect("mkdir -p");
+                    }
+                }
                 _ => panic!("line {}: this test cannot replay {argv:?}", run.line),
             }
         }
@@ -351,7 +356,7 @@ fn the_image_builds_from_exactly_the_files_its_copy_lines_name() {
                     let file = fs.host(&path);
                     if file.is_file() {
                         binaries.push(file);
-                    } else {
+                    } else if !file.is_dir() {
                         assert!(
                             BUILD_IMAGE_PROVIDES.iter().any(|(p, _)| *p == path),
                             "COPY --from={from} {path}: neither the build made it nor is the \

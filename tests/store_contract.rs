@@ -434,6 +434,52 @@ mod redis_harness {
 
 contract!(redis, redis_harness::new().await, tokio::test);
 
+mod file_harness {
+    use super::*;
+    use idemgate::store::{FileOptions, FileStore};
+
+    /// A store in a directory of its own, removed with the harness (after the store is
+    /// dropped, which closes it).
+    pub(crate) struct File {
+        store: Arc<FileStore>,
+        _dir: tempfile::TempDir,
+    }
+
+    pub(crate) fn new() -> File {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = FileStore::open(&FileOptions {
+            path: dir.path().join("store"),
+            fsync: true,
+            max_entries: 1000,
+        })
+        .expect("open the file store");
+        File {
+            store: Arc::new(store),
+            _dir: dir,
+        }
+    }
+
+    impl Harness for File {
+        type S = FileStore;
+        fn store(&self) -> &Arc<FileStore> {
+            &self.store
+        }
+        /// The file store keeps wall-clock time (it must, across restarts), and its
+        /// background expiry ticks on tokio's clock: time has to really pass.
+        async fn advance(&self, d: Duration) {
+            tokio::time::sleep(d).await;
+        }
+        fn lease(&self) -> Duration {
+            Duration::from_millis(500)
+        }
+        fn ttl(&self) -> Duration {
+            Duration::from_millis(1500)
+        }
+    }
+}
+
+contract!(file, file_harness::new(), tokio::test);
+
 /// Memory-store specifics: the bound of `max_entries`.
 mod memory_bounds {
     use super::*;

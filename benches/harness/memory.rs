@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
@@ -154,10 +153,19 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         let tuning = Tuning {
             max_entries: Some(plan.entries),
             admin_port: Some(admin_port),
+            ttl: None,
+            json_key_route: false,
         };
         std::fs::write(
             &config,
-            procs::idemgate_yaml(port, upstream, Store::Memory, &plan.log_level, tuning),
+            procs::idemgate_yaml(
+                port,
+                upstream,
+                Store::Memory,
+                &plan.log_level,
+                tuning,
+                dir.path(),
+            ),
         )?;
         let mut cmd = std::process::Command::new(&idemgate);
         cmd.arg("--config").arg(&config);
@@ -469,37 +477,10 @@ fn status_kib(pid: u32, field: &str) -> Option<u64> {
 
 /// The memory store's gauges, from idemgate's admin `/metrics`.
 async fn store_gauges(admin_port: u16) -> Result<StoreGauges, BoxError> {
-    let fetch = async {
-        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", admin_port)).await?;
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut text = Vec::new();
-        conn.read_to_end(&mut text).await?;
-        Ok::<_, BoxError>(text)
-    };
-    let text = tokio::time::timeout(Duration::from_secs(2), fetch)
-        .await
-        .map_err(|_| "GET /metrics: no answer within 2 s")??;
-    let text = String::from_utf8_lossy(&text);
-    if !text.starts_with("HTTP/1.1 200") {
-        return Err(format!(
-            "GET /metrics answered {}",
-            text.lines().next().unwrap_or("nothing")
-        )
-        .into());
-    }
-    let value = |name: &str| -> Result<u64, BoxError> {
-        text.lines()
-            .find_map(|line| {
-                let (metric, value) = line.split_once(' ')?;
-                (metric == name).then(|| value.trim().parse::<f64>().ok())?
-            })
-            .map(|v| v.max(0.0) as u64)
-            .ok_or_else(|| format!("/metrics has no {name}").into())
-    };
+    let metrics = procs::scrape(admin_port).await?;
     Ok(StoreGauges {
-        entries: value("idemgate_store_entries")?,
-        bytes: value("idemgate_store_bytes")?,
-        evictions: value("idemgate_store_evictions_total")?,
+        entries: procs::metric(&metrics, "idemgate_store_entries")?,
+        bytes: procs::metric(&metrics, "idemgate_store_bytes")?,
+        evictions: procs::metric(&metrics, "idemgate_store_evictions_total")?,
     })
 }

@@ -207,6 +207,10 @@ pub(crate) enum Store {
     Memory,
     /// The port of the harness's redis-server.
     Redis(u16),
+    /// The file store, in a directory of the harness's temp dir.
+    File {
+        fsync: bool,
+    },
 }
 
 /// What the memory mode changes in idemgate's config; the scenarios use the default.
@@ -216,6 +220,21 @@ pub(crate) struct Tuning {
     pub(crate) max_entries: Option<usize>,
     /// The admin listener's port on 127.0.0.1 (`admin.listen: null` when `None`).
     pub(crate) admin_port: Option<u16>,
+    /// `idempotency.ttl` (and a lease no longer than it), for the disk mode.
+    pub(crate) ttl: Option<Duration>,
+    /// The `/orders` route of the json-key scenario (a key source in the body), written
+    /// only when that scenario runs, so that an idemgate from before key sources can be
+    /// measured (`IDEMGATE_BIN`) on the others.
+    pub(crate) json_key_route: bool,
+}
+
+/// Where an idemgate target of the harness keeps its file store, inside `dir`.
+pub(crate) fn file_store_dir(dir: &Path, fsync: bool) -> PathBuf {
+    dir.join(if fsync {
+        "file-store-fsync"
+    } else {
+        "file-store-nosync"
+    })
 }
 
 /// idemgate's config: `/charges` guarded (key required), `/orders` guarded with the key
@@ -229,25 +248,40 @@ pub(crate) fn idemgate_yaml(
     store: Store,
     log_level: &str,
     tuning: Tuning,
+    dir: &Path,
 ) -> String {
     let mut store = match store {
         Store::Memory => "  kind: memory\n".to_owned(),
         Store::Redis(port) => format!("  kind: redis\n  url: redis://127.0.0.1:{port}/0\n"),
+        Store::File { fsync } => format!(
+            "  kind: file\n  path: {}\n  fsync: {fsync}\n",
+            file_store_dir(dir, fsync).display()
+        ),
     };
+    let idempotency = tuning.ttl.map_or_else(String::new, |ttl| {
+        let ms = ttl.as_millis().max(1);
+        format!("idempotency:\n  ttl: {ms}ms\n  lease: {ms}ms\n")
+    });
     if let Some(n) = tuning.max_entries {
         store.push_str(&format!("  max_entries: {n}\n"));
     }
     let admin = tuning
         .admin_port
         .map_or_else(|| "null".to_owned(), |port| format!("127.0.0.1:{port}"));
+    let orders = if tuning.json_key_route {
+        "  - path: /orders\n    methods: [POST]\n    required: true\n\
+         \x20   key_from: [{json: /metadata/order_id}]\n    fingerprint_body: json\n"
+    } else {
+        ""
+    };
     format!(
         "listen: 127.0.0.1:{listen}\n\
          upstream:\n  url: http://{upstream}\n\
          store:\n{store}\
+         {idempotency}\
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
-         \x20 - path: /orders\n    methods: [POST]\n    required: true\n\
-         \x20   key_from: [{{json: /metadata/order_id}}]\n    fingerprint_body: json\n\
+         {orders}\
          \x20 - path: /unguarded\n    enabled: false\n\
          admin:\n  listen: {admin}\n\
          log:\n  level: \"{log_level}\"\n"
@@ -386,4 +420,39 @@ pub(crate) fn command_delta(
         }
     }
     (top, inside)
+}
+
+/// idemgate's admin `/metrics` on 127.0.0.1:`admin_port`, as text.
+pub(crate) async fn scrape(admin_port: u16) -> Result<String, BoxError> {
+    let fetch = async {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", admin_port)).await?;
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut text = Vec::new();
+        conn.read_to_end(&mut text).await?;
+        Ok::<_, BoxError>(text)
+    };
+    let text = tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .map_err(|_| "GET /metrics: no answer within 2 s")??;
+    let text = String::from_utf8_lossy(&text).into_owned();
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(format!(
+            "GET /metrics answered {}",
+            text.lines().next().unwrap_or("nothing")
+        )
+        .into());
+    }
+    Ok(text)
+}
+
+/// The value of one unlabelled metric in a `/metrics` text, as a whole number.
+pub(crate) fn metric(text: &str, name: &str) -> Result<u64, BoxError> {
+    text.lines()
+        .find_map(|line| {
+            let (metric, value) = line.split_once(' ')?;
+            (metric == name).then(|| value.trim().parse::<f64>().ok())?
+        })
+        .map(|v| v.max(0.0) as u64)
+        .ok_or_else(|| format!("/metrics has no {name}").into())
 }

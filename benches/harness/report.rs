@@ -15,6 +15,7 @@ pub(crate) struct Row {
     scenario: Scenario,
     outcome: Outcome,
     redis: Option<RedisUse>,
+    store: Option<StoreUse>,
     cpu: Cpu,
     /// Failed correctness checks.
     problems: Vec<String>,
@@ -29,6 +30,15 @@ pub(crate) struct RedisUse {
     pub(crate) inside_scripts: f64,
     /// Top-level commands by name, e.g. `evalsha 123456`.
     pub(crate) commands: String,
+}
+
+/// What a file-store target flushed during a run (warm-up included), per request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreUse {
+    /// Commits: each is one flush that concurrent requests share.
+    pub(crate) flushes: f64,
+    /// `fdatasync` calls (0 with `fsync: false`).
+    pub(crate) fsyncs: f64,
 }
 
 /// Where the CPU went during the measured window, per measured request.
@@ -51,6 +61,7 @@ impl Row {
         scenario: Scenario,
         outcome: Outcome,
         redis: Option<RedisUse>,
+        store: Option<StoreUse>,
         cpu: Cpu,
         mut problems: Vec<String>,
     ) -> Self {
@@ -86,6 +97,7 @@ impl Row {
             scenario,
             outcome,
             redis,
+            store,
             cpu,
             problems,
         }
@@ -216,6 +228,17 @@ fn cpu_notes(rows: &[Row]) {
             );
         }
     }
+    for row in rows {
+        if let Some(store) = &row.store {
+            println!(
+                "{}, {}: {:.3} flushes (commits) per request, {:.3} fdatasync calls per request",
+                row.target.name(),
+                row.scenario.name(),
+                store.flushes,
+                store.fsyncs,
+            );
+        }
+    }
     let harness: Vec<String> = rows
         .iter()
         .map(|r| format!("{:.0}", r.cpu.harness.cpu_us))
@@ -246,7 +269,7 @@ fn cpu_notes(rows: &[Row]) {
 
 fn goals(rows: &[Row], smoke: bool) {
     println!(
-        "\ntargets of issue 6 (ratios to the plain proxy in this run){}:",
+        "\ntargets of issues 6 and 12 (ratios to the plain proxy in this run){}:",
         if smoke {
             "; meaningless at smoke durations"
         } else {
@@ -345,7 +368,7 @@ struct Goal {
     bound: f64,
 }
 
-const GOALS: [Goal; 6] = [
+const GOALS: [Goal; 9] = [
     Goal {
         label: "miss on Redis, req/s >= 0.60x",
         target: TargetKind::Redis,
@@ -380,6 +403,27 @@ const GOALS: [Goal; 6] = [
         scenario: Scenario::Unguarded,
         metric: Metric::Rps,
         bound: 1.00,
+    },
+    Goal {
+        label: "hit on the file store, req/s >= 0.95x",
+        target: TargetKind::File,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "miss on the file store with fsync, req/s >= 0.40x",
+        target: TargetKind::File,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.40,
+    },
+    Goal {
+        label: "miss on the file store without fsync, req/s >= 0.60x",
+        target: TargetKind::FileNoSync,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
     },
     Goal {
         label: "p99 of miss on Redis <= 2.00x the plain proxy's p99",

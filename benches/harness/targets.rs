@@ -17,6 +17,8 @@ pub(crate) struct Target {
     addr: SocketAddr,
     pid: u32,
     redis: Option<Redis>,
+    /// The admin port of a file-store target, whose flush counters are read.
+    admin: Option<u16>,
 }
 
 /// The redis-server behind a target.
@@ -46,6 +48,7 @@ pub(crate) async fn start(
     upstream: SocketAddr,
     wanted: &[TargetKind],
     log_level: &str,
+    json_key_route: bool,
 ) -> Result<Started, BoxError> {
     let mut procs: Vec<Proc> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -64,25 +67,25 @@ pub(crate) async fn start(
         addr,
         pid: proc.pid(),
         redis: None,
+        admin: None,
     });
     procs.push(proc);
 
     let idemgate = procs::idemgate_bin()?;
-    let start_idemgate = |kind: TargetKind, store: Store| {
+    let start_idemgate = |kind: TargetKind, store: Store, admin_port: Option<u16>| {
         let dir = dir.to_owned();
         let bin = idemgate.clone();
         async move {
             let config = dir.join(format!("{}.yaml", kind.name()));
             procs::spawn_server(kind.name(), &dir, false, |port| {
+                let tuning = procs::Tuning {
+                    admin_port: admin_port.filter(|admin| *admin != port),
+                    json_key_route,
+                    ..procs::Tuning::default()
+                };
                 std::fs::write(
                     &config,
-                    procs::idemgate_yaml(
-                        port,
-                        upstream,
-                        store,
-                        log_level,
-                        procs::Tuning::default(),
-                    ),
+                    procs::idemgate_yaml(port, upstream, store, log_level, tuning, &dir),
                 )?;
                 let mut cmd = Command::new(&bin);
                 cmd.arg("--config").arg(&config);
@@ -92,12 +95,13 @@ pub(crate) async fn start(
         }
     };
     if wanted.contains(&TargetKind::Memory) {
-        let (proc, addr) = start_idemgate(TargetKind::Memory, Store::Memory).await?;
+        let (proc, addr) = start_idemgate(TargetKind::Memory, Store::Memory, None).await?;
         targets.push(Target {
             kind: TargetKind::Memory,
             addr,
             pid: proc.pid(),
             redis: None,
+            admin: None,
         });
         procs.push(proc);
     }
@@ -121,16 +125,33 @@ pub(crate) async fn start(
                 };
                 procs.push(proc);
                 let (proc, addr) =
-                    start_idemgate(TargetKind::Redis, Store::Redis(redis.port)).await?;
+                    start_idemgate(TargetKind::Redis, Store::Redis(redis.port), None).await?;
                 targets.push(Target {
                     kind: TargetKind::Redis,
                     addr,
                     pid: proc.pid(),
                     redis: Some(redis),
+                    admin: None,
                 });
                 procs.push(proc);
             }
             None => notes.push("idemgate-redis skipped: redis-server is not on PATH".to_owned()),
+        }
+    }
+    // The file store in the harness's temp dir, with and without fsync; its admin port
+    // serves the flush counters.
+    for (kind, fsync) in [(TargetKind::File, true), (TargetKind::FileNoSync, false)] {
+        if wanted.contains(&kind) {
+            let admin = procs::free_port()?;
+            let (proc, addr) = start_idemgate(kind, Store::File { fsync }, Some(admin)).await?;
+            targets.push(Target {
+                kind,
+                addr,
+                pid: proc.pid(),
+                redis: None,
+                admin: Some(admin),
+            });
+            procs.push(proc);
         }
     }
     let nginx = procs::on_path("nginx");
@@ -151,6 +172,7 @@ pub(crate) async fn start(
                     addr,
                     pid: proc.pid(),
                     redis: None,
+                    admin: None,
                 });
                 procs.push(proc);
             }
@@ -199,6 +221,10 @@ impl Target {
         }
         let before = match self.redis {
             Some(redis) => procs::command_stats(redis.port).await.map(Some),
+            None => Ok(None),
+        };
+        let flushes_before = match self.admin {
+            Some(port) => flush_counters(port).await.map(Some),
             None => Ok(None),
         };
         let plan = Arc::new(load::Plan {
@@ -260,6 +286,31 @@ impl Target {
                 (Ok(None), _) => {}
             }
         }
-        Row::new(self.kind, scenario, outcome, redis, cpu, problems)
+        let mut store = None;
+        if let Some(port) = self.admin {
+            match (flushes_before, flush_counters(port).await) {
+                (Ok(Some(before)), Ok(after)) => {
+                    let per = |n: u64| n as f64 / outcome.completed.max(1) as f64;
+                    store = Some(report::StoreUse {
+                        flushes: per(after.0.saturating_sub(before.0)),
+                        fsyncs: per(after.1.saturating_sub(before.1)),
+                    });
+                }
+                (Err(err), _) | (_, Err(err)) => {
+                    problems.push(format!("file store /metrics: {err}"));
+                }
+                (Ok(None), _) => {}
+            }
+        }
+        Row::new(self.kind, scenario, outcome, redis, store, cpu, problems)
     }
+}
+
+/// A file-store target's commits and fdatasync calls so far.
+async fn flush_counters(admin_port: u16) -> Result<(u64, u64), BoxError> {
+    let metrics = procs::scrape(admin_port).await?;
+    Ok((
+        procs::metric(&metrics, "idemgate_store_flushes_total")?,
+        procs::metric(&metrics, "idemgate_store_fsyncs_total")?,
+    ))
 }

@@ -82,6 +82,8 @@ pub enum ErrorFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     Memory,
+    /// The durable embedded store (SPEC §12).
+    File,
     Redis,
 }
 
@@ -104,7 +106,12 @@ pub struct StoreConfig {
     pub key_prefix: String,
     pub timeout: Duration,
     pub on_unavailable: OnUnavailable,
+    /// Memory and file stores: completed records beyond this are evicted oldest first.
     pub max_entries: usize,
+    /// File store: the directory, created if missing.
+    pub path: PathBuf,
+    /// File store: flush every commit to stable storage.
+    pub fsync: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

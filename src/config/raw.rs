@@ -93,6 +93,8 @@ pub(super) struct RawStore {
     pub(super) timeout: Option<Dur>,
     pub(super) on_unavailable: Option<Pick<OnUnavailable>>,
     pub(super) max_entries: Option<Count>,
+    pub(super) path: Option<String>,
+    pub(super) fsync: Option<Flag>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -36,6 +36,8 @@ pub(super) fn to_yaml(config: &Config) -> String {
     put(&mut map, "timeout", duration(&store.timeout));
     put(&mut map, "on_unavailable", store.on_unavailable.name());
     put(&mut map, "max_entries", store.max_entries as u64);
+    put(&mut map, "path", store.path.to_string_lossy().as_ref());
+    put(&mut map, "fsync", store.fsync);
     put(&mut root, "store", map);
 
     put(

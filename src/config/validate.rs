@@ -19,6 +19,8 @@ const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr:
 const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
+/// Where the file store lives unless `store.path` says otherwise (SPEC §12).
+const DEFAULT_FILE_PATH: &str = "/var/lib/idemgate";
 
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     let idempotency = raw.idempotency.unwrap_or_default();
@@ -132,6 +134,13 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
             .filter(|n| *n >= 1)
             .ok_or_else(|| ConfigError::invalid("store.max_entries", "must be at least 1"))?,
     };
+    let path = raw.path.unwrap_or_else(|| DEFAULT_FILE_PATH.to_owned());
+    if path.is_empty() {
+        return Err(ConfigError::invalid(
+            "store.path",
+            "must not be empty; give a directory such as /var/lib/idemgate",
+        ));
+    }
     Ok(StoreConfig {
         kind,
         urls: urls.into_iter().map(|(_, url)| url).collect(),
@@ -140,6 +149,8 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         timeout: raw.timeout.map_or(Duration::from_secs(1), |d| d.0),
         on_unavailable: raw.on_unavailable.map_or(OnUnavailable::Reject, |o| o.0),
         max_entries,
+        path: path.into(),
+        fsync: raw.fsync.is_none_or(|f| f.0),
     })
 }
 

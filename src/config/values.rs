@@ -436,8 +436,11 @@ pub(super) trait Choice: Copy + PartialEq + 'static {
 }
 
 impl Choice for StoreKind {
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("memory", StoreKind::Memory), ("redis", StoreKind::Redis)];
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("memory", StoreKind::Memory),
+        ("file", StoreKind::File),
+        ("redis", StoreKind::Redis),
+    ];
 }
 impl Choice for OnUnavailable {
     const CHOICES: &'static [(&'static str, Self)] = &[

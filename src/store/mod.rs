@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey};
 
+pub mod file;
 mod memory;
 mod redis;
 mod timed;
 
+pub use file::{FileOptions, FileStore, FileWatch};
 pub use memory::{Clock, MemoryStore, MemoryWatch, TokioClock};
 pub use redis::{RedisStore, RedisWatch};
 pub use timed::{Around, Deadline, Layered, Timed};

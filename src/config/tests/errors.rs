@@ -387,7 +387,7 @@ fn enums_list_their_variants() {
     let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.kind");
     assert_eq!(
         message,
-        "store.kind: unknown variant 'postgres', expected one of memory, redis"
+        "store.kind: unknown variant 'postgres', expected one of memory, file, redis"
     );
     let message = error_at(
         &with_minimal("store:\n  on_unavailable: ignore\n"),

@@ -40,6 +40,7 @@ fn every_example_config_parses() {
         "demo.yaml",
         "docker.yaml",
         "example.yaml",
+        "file.yaml",
         "legacy.yaml",
         "minimal.yaml",
         "redis.yaml",
@@ -104,6 +105,11 @@ fn the_example_configs_say_what_they_promise() {
     assert_eq!(label("/v1/legacy/charge"), ["query:request_id"]);
     assert_eq!(label("/v1/newsletter/subscribe"), ["fingerprint"]);
     assert!(!policy_for(&legacy, "/ws").enabled);
+
+    let file = parse_example(&dir.join("file.yaml"));
+    assert_eq!(file.store.kind, StoreKind::File);
+    assert_eq!(file.store.path, Path::new("/var/lib/idemgate"));
+    assert!(file.store.fsync);
 
     let redis = parse_example(&dir.join("redis.yaml"));
     assert_eq!(redis.store.urls, ["redis://:s3cr3t@127.0.0.1:6379/0"]);

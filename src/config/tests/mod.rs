@@ -95,6 +95,8 @@ fn a_minimal_file_gets_every_default() {
             timeout: secs(1),
             on_unavailable: OnUnavailable::Reject,
             max_entries: 100_000,
+            path: "/var/lib/idemgate".into(),
+            fsync: true,
         }
     );
     let policy = &config.idempotency;
@@ -220,6 +222,8 @@ fn every_key_can_be_overridden() {
             timeout: Duration::from_millis(250),
             on_unavailable: OnUnavailable::PassThrough,
             max_entries: 42,
+            path: "/var/lib/idemgate".into(),
+            fsync: true,
         }
     );
     let expected = Policy {
@@ -544,4 +548,37 @@ fn key_sources_are_read_inherited_and_replaced() {
         parse_ok(&with_minimal("idempotency:\n  header: X-Key\n"))
     );
     assert!(short.to_yaml().contains("  header: X-Key\n"));
+}
+
+#[test]
+fn the_file_store_takes_a_path_and_fsync_and_shares_max_entries() {
+    let config = parse_ok(&with_minimal(
+        "store:\n  kind: file\n  path: /srv/idemgate-keys\n  fsync: false\n  max_entries: 500\n",
+    ));
+    assert_eq!(config.store.kind, StoreKind::File);
+    assert_eq!(
+        config.store.path,
+        std::path::Path::new("/srv/idemgate-keys")
+    );
+    assert!(!config.store.fsync);
+    assert_eq!(config.store.max_entries, 500);
+    // fsync is on unless turned off; --check prints both keys, and they load back.
+    let defaults = parse_ok(&with_minimal("store:\n  kind: file\n"));
+    assert!(defaults.store.fsync);
+    assert_eq!(
+        defaults.store.path,
+        std::path::Path::new("/var/lib/idemgate")
+    );
+    assert_eq!(parse_ok(&config.to_yaml()), config);
+    assert!(
+        error_at(
+            &with_minimal("store:\n  kind: file\n  path: \"\"\n"),
+            "store.path"
+        )
+        .contains("must not be empty")
+    );
+    assert!(
+        error_at(&with_minimal("store:\n  fsync: sometimes\n"), "store.fsync")
+            .contains("true or false")
+    );
 }

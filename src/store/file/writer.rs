@@ -1,0 +1,433 @@
+//! The one thread that writes the file store. Requests queue their operations; the
+//! writer takes everything queued, applies it in order in one transaction, commits
+//! (one flush for all of them: group commit), and only then answers each caller and
+//! wakes the waiters. While a flush runs, the next batch queues up behind it.
+//!
+//! Every decision (is the key free, is this still the owner's marker, is the store full)
+//! is taken inside the transaction, which sees the batch's own earlier writes, so the
+//! writer is the single place where claims are serialised.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use redb::{Database, ReadableTable, Table};
+
+use super::FileMetrics;
+use super::disk::{self, Head, LOG};
+use super::index::{Index, Loc, Published};
+use super::op::{Answer, Op};
+use super::watch::Watchers;
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
+use crate::store::{Claim, ClaimRequest, Fenced, Lease, StoreError, millis};
+
+/// At most this many operations share one commit.
+const MAX_BATCH: usize = 4096;
+/// Expired entries removed along with each commit, besides the timer's sweeps.
+const SWEEP_PER_COMMIT: usize = 256;
+/// Expired entries removed by one timed sweep.
+pub(super) const SWEEP_PER_TICK: usize = 8192;
+
+pub(super) struct Writer {
+    pub(super) db: Arc<Database>,
+    pub(super) max_entries: u64,
+    pub(super) index: Index,
+    pub(super) published: Arc<Published>,
+    pub(super) metrics: FileMetrics,
+    pub(super) watchers: Arc<Watchers>,
+    pub(super) file: std::path::PathBuf,
+    /// Cleared when the writer stops, so that `/readyz` reports it.
+    pub(super) alive: Arc<AtomicBool>,
+}
+
+/// The log table of one transaction, the index it keeps up to date, and what changed.
+struct Tx<'t, 'i> {
+    log: Table<'t, u64, &'static [u8]>,
+    index: &'i mut Index,
+    /// Keys whose version changed: published to readers after the commit.
+    touched: Vec<ScopedKey>,
+    /// Keys whose waiters are woken after the commit.
+    changed: Vec<ScopedKey>,
+    evicted: u64,
+    expired: u64,
+}
+
+impl Writer {
+    /// Serves batches until every sender is gone.
+    pub(super) fn run(mut self, ops: &Receiver<Op>) {
+        // However the loop ends, a panic included, `/readyz` learns of it.
+        let _stopped = Stopped(Arc::clone(&self.alive));
+        while let Ok(first) = ops.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match ops.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Op>) {
+        let started = Instant::now();
+        let requests = batch.iter().any(|op| !matches!(op, Op::Sweep { .. }));
+        let sweep_limit = if requests {
+            SWEEP_PER_COMMIT
+        } else {
+            SWEEP_PER_TICK
+        };
+        let now = batch.iter().map(Op::now).max().unwrap_or(0);
+        let mut answers = Vec::with_capacity(batch.len());
+        match self.transact(batch, now, sweep_limit, &mut answers) {
+            Ok(Some(done)) => {
+                self.published.update(&self.index, &done.touched);
+                self.metrics.evictions.inc_by(done.evicted);
+                self.metrics.expired.inc_by(done.expired);
+                self.metrics
+                    .observe_commit(started.elapsed(), &self.index, &self.file);
+                for key in &done.changed {
+                    self.watchers.wake(key);
+                }
+                for answer in answers {
+                    answer.send();
+                }
+            }
+            // Nothing was written: nothing to flush, the answers stand as they are.
+            Ok(None) => {
+                for answer in answers {
+                    answer.send();
+                }
+            }
+            Err(err) => {
+                tracing::error!(error = %err, file = %self.file.display(), "file store: commit failed");
+                let why = format!("the file store could not commit: {err}");
+                for answer in answers {
+                    answer.fail(&why);
+                }
+                // The operations not reached drop their reply: their callers see the
+                // writer's answer missing, which is the same error. The index may hold
+                // the failed batch: read it again from what is committed.
+                match Index::load(&*self.db) {
+                    Ok(index) => {
+                        self.index = index;
+                        self.published.reset(&self.index);
+                    }
+                    Err(err) => {
+                        tracing::error!(error = %err, "file store: cannot reload its index; stopping");
+                        self.alive.store(false, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies `batch` in one transaction and commits it if it wrote anything.
+    fn transact(
+        &mut self,
+        batch: Vec<Op>,
+        now: u64,
+        sweep_limit: usize,
+        answers: &mut Vec<Answer>,
+    ) -> Result<Option<Done>, redb::Error> {
+        let txn = self.db.begin_write()?;
+        let done = {
+            let mut tx = Tx {
+                log: txn.open_table(LOG)?,
+                index: &mut self.index,
+                touched: Vec::new(),
+                changed: Vec::new(),
+                evicted: 0,
+                expired: 0,
+            };
+            for op in batch {
+                answers.push(tx.apply(op, self.max_entries)?);
+            }
+            tx.sweep(now, sweep_limit)?;
+            (!tx.touched.is_empty()).then_some(Done {
+                touched: tx.touched,
+                changed: tx.changed,
+                evicted: tx.evicted,
+                expired: tx.expired,
+            })
+        };
+        match done {
+            None => {
+                txn.abort()?;
+                Ok(None)
+            }
+            Some(done) => {
+                txn.commit()?;
+                Ok(Some(done))
+            }
+        }
+    }
+}
+
+/// Clears the writer's liveness flag when dropped.
+struct Stopped(Arc<AtomicBool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// What a committed transaction changed.
+struct Done {
+    touched: Vec<ScopedKey>,
+    changed: Vec<ScopedKey>,
+    evicted: u64,
+    expired: u64,
+}
+
+impl Tx<'_, '_> {
+    fn apply(&mut self, op: Op, max_entries: u64) -> Result<Answer, redb::Error> {
+        Ok(match op {
+            Op::Claim { req, now, reply } => {
+                Answer::Claim(reply, self.claim(&req, now, max_entries)?)
+            }
+            Op::Complete {
+                key,
+                token,
+                record,
+                ttl,
+                now,
+                reply,
+            } => match self.complete(key, token, &record, ttl, now)? {
+                Ok(fenced) => Answer::Fenced(reply, fenced),
+                Err(err) => Answer::Failed(reply, err),
+            },
+            Op::Release {
+                key,
+                token,
+                now,
+                reply,
+            } => {
+                let fenced = if self.owned(key, token, now)?.is_some() {
+                    self.remove(key)?;
+                    Fenced::Done
+                } else {
+                    Fenced::LeaseLost
+                };
+                Answer::Fenced(reply, fenced)
+            }
+            Op::Renew {
+                key,
+                token,
+                lease_for,
+                now,
+                reply,
+            } => {
+                let fenced = match self.owned(key, token, now)? {
+                    Some((loc, mut marker)) => {
+                        let deadline = now + millis(lease_for);
+                        marker.lease_deadline_ms = deadline;
+                        self.put(key, loc.expires_ms.max(deadline), &marker.encode(), false)?;
+                        Fenced::Done
+                    }
+                    None => Fenced::LeaseLost,
+                };
+                Answer::Fenced(reply, fenced)
+            }
+            Op::TakeOver {
+                stale,
+                req,
+                now,
+                reply,
+            } => {
+                let lease = match self.owned(req.key, stale, now)? {
+                    // The lease must still be over: a late renewal by a live owner wins.
+                    Some((_, marker)) if marker.lease_deadline_ms <= now => {
+                        self.put(
+                            req.key,
+                            marker_expiry(&req, now),
+                            &req.marker(now).encode(),
+                            false,
+                        )?;
+                        self.changed.push(req.key);
+                        Some(Lease {
+                            key: req.key,
+                            token: req.token,
+                        })
+                    }
+                    _ => None,
+                };
+                Answer::TakeOver(reply, lease)
+            }
+            Op::Sweep { .. } => Answer::None,
+        })
+    }
+
+    fn claim(
+        &mut self,
+        req: &ClaimRequest,
+        now: u64,
+        max_entries: u64,
+    ) -> Result<Result<Claim, StoreError>, redb::Error> {
+        if let Some(loc) = self.index.keys.get(&req.key).copied() {
+            if loc.expires_ms > now {
+                return Ok(self.read(loc.id)?.map(|record| Claim::Existing {
+                    record,
+                    now_ms: now,
+                }));
+            }
+            // Expired: its waiters are woken and find the new marker.
+            self.remove(req.key)?;
+        }
+        if let Err(full) = self.make_room(max_entries, now)? {
+            return Ok(Err(full));
+        }
+        self.put(
+            req.key,
+            marker_expiry(req, now),
+            &req.marker(now).encode(),
+            false,
+        )?;
+        Ok(Ok(Claim::Acquired(Lease {
+            key: req.key,
+            token: req.token,
+        })))
+    }
+
+    fn complete(
+        &mut self,
+        key: ScopedKey,
+        token: OwnerToken,
+        record: &Completed,
+        ttl: Duration,
+        now: u64,
+    ) -> Result<Result<Fenced, StoreError>, redb::Error> {
+        if self.owned(key, token, now)?.is_some() {
+            self.put(key, now + millis(ttl), &record.encode(), true)?;
+            self.changed.push(key);
+            return Ok(Ok(Fenced::Done));
+        }
+        // Repeating a completion that already landed is done, as on every store.
+        let Some(loc) = self.index.keys.get(&key).copied() else {
+            return Ok(Ok(Fenced::LeaseLost));
+        };
+        if loc.expires_ms <= now || !loc.completed {
+            return Ok(Ok(Fenced::LeaseLost));
+        }
+        Ok(match self.read(loc.id)? {
+            Ok(Record::Completed(stored)) if *stored == *record => Ok(Fenced::Done),
+            Ok(_) => Ok(Fenced::LeaseLost),
+            Err(err) => Err(err),
+        })
+    }
+
+    /// The record stored under log id `id` (written by this transaction or before).
+    fn read(&self, id: u64) -> Result<Result<Record, StoreError>, redb::Error> {
+        let Some(value) = self.log.get(id)? else {
+            return Ok(Err(StoreError::Protocol(
+                "the file store's index names a row that is not in its log",
+            )));
+        };
+        Ok(disk::record(value.value()).map_err(StoreError::Corrupt))
+    }
+
+    /// The live marker under `key`, if it holds `token`.
+    fn owned(
+        &self,
+        key: ScopedKey,
+        token: OwnerToken,
+        now: u64,
+    ) -> Result<Option<(Loc, InFlight)>, redb::Error> {
+        let Some(loc) = self.index.keys.get(&key).copied() else {
+            return Ok(None);
+        };
+        if loc.expires_ms <= now || loc.completed {
+            return Ok(None);
+        }
+        Ok(match self.read(loc.id)? {
+            Ok(Record::InFlight(marker)) if marker.token == token => Some((loc, marker)),
+            _ => None,
+        })
+    }
+
+    /// Appends a new version of `key` to the log and deletes its previous one.
+    fn put(
+        &mut self,
+        key: ScopedKey,
+        expires_ms: u64,
+        record: &[u8],
+        completed: bool,
+    ) -> Result<(), redb::Error> {
+        if let Some(old) = self.index.remove(&key) {
+            self.log.remove(old.id)?;
+        }
+        let id = self.index.next_id;
+        self.index.next_id += 1;
+        let value = disk::encode(Head { key, expires_ms }, record);
+        self.log.insert(id, value.as_slice())?;
+        self.index.insert(
+            key,
+            Loc {
+                id,
+                expires_ms,
+                completed,
+                len: value.len() as u64,
+            },
+        );
+        self.touched.push(key);
+        Ok(())
+    }
+
+    /// Deletes `key`'s version, waking its waiters.
+    fn remove(&mut self, key: ScopedKey) -> Result<(), redb::Error> {
+        if let Some(old) = self.index.remove(&key) {
+            self.log.remove(old.id)?;
+            self.touched.push(key);
+            self.changed.push(key);
+        }
+        Ok(())
+    }
+
+    /// Makes room for one more entry: evicts completed records oldest first, then drops
+    /// markers whose ttl has passed; `Full` when only live markers are left.
+    fn make_room(
+        &mut self,
+        max_entries: u64,
+        now: u64,
+    ) -> Result<Result<(), StoreError>, redb::Error> {
+        while self.index.keys.len() as u64 >= max_entries {
+            if let Some((_, key)) = self.index.completed.first_key_value() {
+                let key = *key;
+                let live = self
+                    .index
+                    .keys
+                    .get(&key)
+                    .is_some_and(|loc| loc.expires_ms > now);
+                self.evicted += u64::from(live);
+                self.remove(key)?;
+                continue;
+            }
+            if self.sweep(now, 1)? == 0 {
+                return Ok(Err(StoreError::Full));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Removes up to `limit` entries whose ttl has passed, earliest first.
+    fn sweep(&mut self, now: u64, limit: usize) -> Result<usize, redb::Error> {
+        let due: Vec<ScopedKey> = self
+            .index
+            .expiry
+            .range(..(now.saturating_add(1), 0))
+            .take(limit)
+            .map(|(_, key)| *key)
+            .collect();
+        for key in &due {
+            self.remove(*key)?;
+            self.expired += 1;
+        }
+        Ok(due.len())
+    }
+}
+
+fn marker_expiry(req: &ClaimRequest, now: u64) -> u64 {
+    now + millis(req.marker_ttl())
+}
