@@ -277,7 +277,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 entries = store.len(),
                 "file store open"
             );
-            Ok(run_with(listener, config, store).await)
+            Ok(run_with(listener, config, store, reload).await)
         }
         StoreKind::Redis => {
             let mut store = RedisStore::new(&config.store).map_err(CliError::Store)?;
@@ -343,7 +343,12 @@ async fn reload_on_sighup<S: Store>(state: Arc<AppState<S>>, reload: Option<Relo
                 tracing::warn!("SIGHUP ignored: idemgate runs without a configuration file");
                 continue;
             };
-            match crate::proxy::reload::reload(&state, &reload.path, reload.listen, &*reload.set_level) {
+            match crate::proxy::reload::reload(
+                &state,
+                &reload.path,
+                reload.listen,
+                &*reload.set_level,
+            ) {
                 Ok(()) => tracing::info!(path = %reload.path.display(), "configuration reloaded"),
                 Err(err) => tracing::error!(
                     path = %reload.path.display(),

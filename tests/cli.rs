@@ -322,29 +322,58 @@ async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
         }
     };
     let keyless = |c: TestClient| async move {
-        c.send("POST", "/charges", &[("content-type", "application/json")], "{}")
-            .await
-            .status
+        c.send(
+            "POST",
+            "/charges",
+            &[("content-type", "application/json")],
+            "{}",
+        )
+        .await
+        .status
     };
     assert_eq!(keyless(client.clone()).await, 400);
 
-    std::fs::write(file.path(), strict.replace("required: true", "required: false")).expect("write");
+    std::fs::write(
+        file.path(),
+        strict.replace("required: true", "required: false"),
+    )
+    .expect("write");
     proxy.signal("HUP").await;
     let deadline = tokio::time::Instant::now() + support::bin::LIMIT;
     while reloads("ok").await < 1 {
-        assert!(tokio::time::Instant::now() < deadline, "no reload:\n{}", proxy.stderr());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload:\n{}",
+            proxy.stderr()
+        );
         tokio::task::yield_now().await;
     }
-    assert_eq!(keyless(client.clone()).await, 201, "applied to new requests");
+    assert_eq!(
+        keyless(client.clone()).await,
+        201,
+        "applied to new requests"
+    );
 
     std::fs::write(file.path(), "upstream:\n  url: 7\n").expect("write");
     proxy.signal("HUP").await;
     while reloads("error").await < 1 {
-        assert!(tokio::time::Instant::now() < deadline, "no reload:\n{}", proxy.stderr());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload:\n{}",
+            proxy.stderr()
+        );
         tokio::task::yield_now().await;
     }
-    assert_eq!(keyless(client.clone()).await, 201, "the running configuration stays");
-    assert!(proxy.stderr().contains("upstream.url"), "{}", proxy.stderr());
+    assert_eq!(
+        keyless(client.clone()).await,
+        201,
+        "the running configuration stays"
+    );
+    assert!(
+        proxy.stderr().contains("upstream.url"),
+        "{}",
+        proxy.stderr()
+    );
     proxy.terminate().await;
     assert!(proxy.wait_exit().await.success(), "{}", proxy.stderr());
 }

@@ -52,9 +52,16 @@ async fn routes_and_policies_apply_to_new_requests() {
     assert_eq!(proxy.state.metrics.reloads(), (1, 0));
     let keyless = c.send("POST", "/charges", &[JSON], "{}").await;
     assert_eq!(keyless.status, 201, "required is gone: {}", keyless.text());
-    let first = c.send("POST", "/charges", &[("x-request-id", "r1"), JSON], "{}").await;
-    let retry = c.send("POST", "/charges", &[("x-request-id", "r1"), JSON], "{}").await;
-    assert!(!first.replayed() && retry.replayed(), "the new key source guards");
+    let first = c
+        .send("POST", "/charges", &[("x-request-id", "r1"), JSON], "{}")
+        .await;
+    let retry = c
+        .send("POST", "/charges", &[("x-request-id", "r1"), JSON], "{}")
+        .await;
+    assert!(
+        !first.replayed() && retry.replayed(),
+        "the new key source guards"
+    );
     assert_eq!(up.count(), 2);
     proxy.stop().await;
 }
@@ -78,12 +85,18 @@ async fn a_refused_or_invalid_file_leaves_the_running_configuration_in_force() {
     for (i, (yaml, field)) in refused.iter().enumerate() {
         write(&file, &format!("{yaml}idempotency:\n  required: true\n"));
         let err = reload(&proxy.state, file.path(), None, &no_level).expect_err(field);
-        assert!(matches!(err, ReloadError::NeedsRestart(f) if f == *field), "{err}");
+        assert!(
+            matches!(err, ReloadError::NeedsRestart(f) if f == *field),
+            "{err}"
+        );
         assert_eq!(proxy.state.metrics.reloads(), (0, i as u64 + 1));
     }
     write(&file, "upstream:\n  url: [not, a, url]\n");
     let err = reload(&proxy.state, file.path(), None, &no_level).expect_err("invalid");
-    assert!(err.to_string().starts_with("upstream.url: "), "names the field: {err}");
+    assert!(
+        err.to_string().starts_with("upstream.url: "),
+        "names the field: {err}"
+    );
     std::fs::remove_file(file.path()).expect("remove");
     reload(&proxy.state, file.path(), None, &no_level).expect_err("missing file");
     assert_eq!(proxy.state.metrics.reloads(), (0, 6));

@@ -24,15 +24,20 @@ pub enum ReloadError {
     LogLevel(String),
 }
 
+/// Whether two configurations agree on one key.
+type Same = fn(&Config, &Config) -> bool;
+
 /// The keys a running proxy cannot change, each with how to read it: the listeners,
 /// the store and the log format (SPEC §14), and what the accept loop and the answers
 /// were built with at start-up.
-const RESTART_ONLY: [(&str, fn(&Config, &Config) -> bool); 8] = [
+const RESTART_ONLY: [(&str, Same); 8] = [
     ("listen", |a, b| a.listen == b.listen),
     ("admin.listen", |a, b| a.admin.listen == b.admin.listen),
     ("store", |a, b| a.store == b.store),
     ("log.format", |a, b| a.log.format == b.log.format),
-    ("max_connections", |a, b| a.max_connections == b.max_connections),
+    ("max_connections", |a, b| {
+        a.max_connections == b.max_connections
+    }),
     ("max_buffered_bytes", |a, b| {
         a.max_buffered_bytes == b.max_buffered_bytes
     }),
@@ -92,7 +97,10 @@ mod tests {
             ("max_connections: 5\n", "max_connections"),
             ("max_buffered_bytes: 1MiB\n", "max_buffered_bytes"),
             ("listen_header_timeout: 1s\n", "listen_header_timeout"),
-            ("errors:\n  format: template\n  template: '{\"e\":\"{slug}\"}'\n", "errors"),
+            (
+                "errors:\n  format: template\n  template: '{\"e\":\"{slug}\"}'\n",
+                "errors",
+            ),
         ] {
             let new = parse(&format!("{base}{extra}"));
             let err = check(&running, &new).expect_err(field);

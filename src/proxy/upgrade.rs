@@ -12,9 +12,9 @@ use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::{AppState, Live};
 use super::body::{ProxyBody, RequestBody};
 use super::upstream::{self, upstream_request};
+use super::{AppState, Live};
 use crate::error::ProxyError;
 use crate::store::Store;
 
