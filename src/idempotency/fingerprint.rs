@@ -5,6 +5,7 @@ use http::{HeaderMap, Method};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::body::Body;
 use super::key::{hash_field, hash_header, hex};
 use super::pointer::JsonPointer;
 
@@ -55,6 +56,17 @@ impl Fingerprint {
         rules: &FingerprintRules<'_>,
         body: &[u8],
     ) -> Self {
+        Self::of(method, path_and_query, headers, rules, Body::new(body))
+    }
+
+    /// [`Fingerprint::new`] of a body whose JSON a key source may have parsed already.
+    pub fn of(
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        rules: &FingerprintRules<'_>,
+        body: Body<'_>,
+    ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-fingerprint-v1");
         hash_field(&mut hash, method.as_str().as_bytes());
@@ -71,12 +83,13 @@ impl Fingerprint {
         }
         // Canonical JSON is itself JSON and a body that falls back to raw is not, so
         // the two kinds of body bytes cannot be mistaken for each other.
+        let bytes = body.bytes();
         match rules.body {
-            BodyForm::Json => match canonical_json(body, rules.ignore) {
+            BodyForm::Json => match canonical_json(body.into_json(), rules.ignore) {
                 Some(canonical) => hash_field(&mut hash, &canonical),
-                None => hash_field(&mut hash, body),
+                None => hash_field(&mut hash, bytes),
             },
-            BodyForm::Raw => hash_field(&mut hash, body),
+            BodyForm::Raw => hash_field(&mut hash, bytes),
         }
         Self(hash.finalize().into())
     }
@@ -101,15 +114,15 @@ impl std::fmt::Debug for Fingerprint {
 /// so only integers, which serde_json keeps exact, may reach it.
 const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
 
-/// The RFC 8785 form of `body` with the `ignore` pointers removed, or `None` when the
+/// The RFC 8785 form of a body's JSON `value` with the `ignore` pointers removed, or `None` when the
 /// body is not JSON or holds a number that canonical form would round.
 ///
 /// JCS writes every number as an IEEE double, so the IDs `9007199254740993` and
 /// `9007199254740992` would become one request; a body with a number beyond ±2^53
 /// (where doubles stop holding every integer, and where a parsed literal may already
 /// have been rounded) is hashed raw instead: never the same request by mistake.
-fn canonical_json(body: &[u8], ignore: &[JsonPointer]) -> Option<Vec<u8>> {
-    let mut value: Value = serde_json::from_slice(body).ok()?;
+fn canonical_json(value: Option<Value>, ignore: &[JsonPointer]) -> Option<Vec<u8>> {
+    let mut value = value?;
     for pointer in ignore {
         pointer.remove_from(&mut value);
     }

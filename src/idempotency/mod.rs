@@ -2,6 +2,7 @@
 //! records and decides what to do with an existing record. Everything here is
 //! deterministic given its inputs (time is passed in), so it is tested without sockets.
 
+pub mod body;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;

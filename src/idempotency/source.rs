@@ -18,6 +18,7 @@ use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
+use super::body::Body;
 use super::key::{IdempotencyKey, KeyError, parse_key, parse_plain};
 use super::pointer::JsonPointer;
 
@@ -81,7 +82,7 @@ pub fn display_name(name: &HeaderName) -> String {
 pub struct Offered<'a> {
     pub headers: &'a HeaderMap,
     pub query: Option<&'a str>,
-    pub body: Option<&'a [u8]>,
+    pub body: Option<&'a Body<'a>>,
 }
 
 /// What the sources found.
@@ -99,18 +100,15 @@ pub enum Found<'s> {
 
 /// The first source present among `sources`, in order.
 pub fn find<'s>(sources: &'s [KeySource], request: Offered<'_>) -> Result<Found<'s>, KeyError> {
-    // Parsed once, by the first `json` source that needs it.
-    let mut body: Option<Option<Value>> = None;
     for source in sources {
         let key = match source {
             KeySource::Header(name) => parse_key(request.headers, name)?,
             KeySource::Query(name) => query_value(request.query, name)?,
             KeySource::Json(pointer) => {
-                let Some(bytes) = request.body else {
+                let Some(body) = request.body else {
                     return Ok(Found::NeedsBody);
                 };
-                let json = body.get_or_insert_with(|| json_body(request.headers, bytes));
-                match json.as_ref().and_then(|json| pointer.resolve(json)) {
+                match json_body(request.headers, body).and_then(|json| pointer.resolve(json)) {
                     Some(value) => Some(json_value(value)?),
                     None => None,
                 }
@@ -148,13 +146,13 @@ fn query_value(query: Option<&str>, name: &str) -> Result<Option<IdempotencyKey>
 }
 
 /// The body as JSON, when its `Content-Type` says JSON and it parses.
-fn json_body(headers: &HeaderMap, body: &[u8]) -> Option<Value> {
+fn json_body<'b>(headers: &HeaderMap, body: &'b Body<'_>) -> Option<&'b Value> {
     let mut types = headers.get_all(CONTENT_TYPE).iter();
     let content_type = types.next()?;
     if types.next().is_some() || !is_json(content_type) {
         return None;
     }
-    serde_json::from_slice(body).ok()
+    body.json()
 }
 
 /// `application/json` or any `*/*+json`, parameters aside.
@@ -213,10 +211,11 @@ mod tests {
         query: Option<&str>,
         body: Option<&[u8]>,
     ) -> Result<Option<(String, String)>, String> {
+        let body = body.map(Body::new);
         let offered = Offered {
             headers: hs,
             query,
-            body,
+            body: body.as_ref(),
         };
         match find(list, offered) {
             Ok(Found::Key(source, key)) => Ok(Some((source.label(), key.as_str().to_owned()))),
@@ -430,7 +429,8 @@ mod tests {
                 hs.insert("x-request-id", value);
             }
             for body in [&body[..], json_text.as_bytes()] {
-                let offered = Offered { headers: &hs, query: Some(&query), body: Some(body) };
+                let body = Body::new(body);
+                let offered = Offered { headers: &hs, query: Some(&query), body: Some(&body) };
                 if let Ok(Found::Key(_, key)) = find(&list, offered) {
                     let k = key.as_str();
                     proptest::prop_assert!(!k.is_empty() && k.len() <= 255);

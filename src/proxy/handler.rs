@@ -25,6 +25,7 @@ use super::{AppState, Live, PolicyId};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::{ProxyError, TargetError};
+use crate::idempotency::body::Body;
 use crate::idempotency::key::{parse_plain, parse_value};
 use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
@@ -112,15 +113,19 @@ async fn route<S: Store, B: RequestBody>(
         return keyless(state, live, policy, req, peer).await;
     }
     let read = read_body(state, live, policy, req).await?;
+    // Parsed at most once, for the key and the fingerprint alike.
+    let bytes = read.body.clone();
+    let body = Body::new(&bytes);
     let found = match found {
         Found::Key(source, key) => Found::Key(source, key),
         // A source that reads the body was reached: look again, with it.
-        _ => source::find(&policy.key_from, read.offered()).map_err(ProxyError::InvalidKey)?,
+        _ => source::find(&policy.key_from, read.offered(&body)).map_err(ProxyError::InvalidKey)?,
     };
     let req = match found {
-        Found::Key(source, key) => guard(policy, read, peer, source, Some(key)),
-        Found::Fingerprint(source) => guard(policy, read, peer, source, None),
+        Found::Key(source, key) => guard(policy, read, body, peer, source, Some(key)),
+        Found::Fingerprint(source) => guard(policy, read, body, peer, source, None),
         Found::Absent | Found::NeedsBody => {
+            drop(body);
             return keyless(state, live, policy, read.into_request(), peer).await;
         }
     };
@@ -172,11 +177,12 @@ struct Read {
 }
 
 impl Read {
-    fn offered(&self) -> Offered<'_> {
+    /// What the key sources may read, with `body`, the parse-once view of its body.
+    fn offered<'a>(&'a self, body: &'a Body<'a>) -> Offered<'a> {
         Offered {
             headers: &self.parts.headers,
             query: self.parts.uri.query(),
-            body: Some(&self.body),
+            body: Some(body),
         }
     }
 
@@ -225,18 +231,19 @@ async fn read_body<S: Store, B: RequestBody>(
 fn guard(
     policy: &Policy,
     read: Read,
+    json: Body<'_>,
     peer: SocketAddr,
     source: &KeySource,
     key: Option<IdempotencyKey>,
 ) -> Guarded {
     let Read { parts, body, held } = read;
     let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let fingerprint = Fingerprint::new(
+    let fingerprint = Fingerprint::of(
         &parts.method,
         pq,
         &parts.headers,
         &policy.fingerprint_rules(),
-        &body,
+        json,
     );
     let key = key.unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
     Guarded {
