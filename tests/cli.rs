@@ -293,6 +293,29 @@ async fn a_request_still_held_when_shutdown_timeout_passes_makes_the_exit_code_1
     );
 }
 
+/// Polls `/metrics` until `idemgate_config_reloads_total{result}` is 1, for at most
+/// [`support::bin::LIMIT`].
+async fn await_reloads(admin: &TestClient, result: &str, proxy: &Running) {
+    let line = format!("idemgate_config_reloads_total{{result=\"{result}\"}} ");
+    let deadline = tokio::time::Instant::now() + support::bin::LIMIT;
+    loop {
+        let text = admin.send("GET", "/metrics", &[], "").await.text();
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if count == Some(1) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {result} reload counted:\n{}",
+            proxy.stderr()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// SPEC §14: SIGHUP re-reads the file; a good one applies to new requests without a
 /// restart or a dropped connection, a bad one is logged naming the field and counted.
 #[tokio::test]
@@ -310,17 +333,6 @@ async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
     let mut proxy = Running::start(&["--config", config]).await;
     let client = TestClient::new(proxy.addr);
     let admin = TestClient::new(admin_addr);
-    let reloads = |result: &'static str| {
-        let admin = admin.clone();
-        async move {
-            let text = admin.send("GET", "/metrics", &[], "").await.text();
-            let line = format!("idemgate_config_reloads_total{{result=\"{result}\"}} ");
-            text.lines()
-                .find_map(|l| l.strip_prefix(&line))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        }
-    };
     let keyless = |c: TestClient| async move {
         c.send(
             "POST",
@@ -339,15 +351,7 @@ async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
     )
     .expect("write");
     proxy.signal("HUP").await;
-    let deadline = tokio::time::Instant::now() + support::bin::LIMIT;
-    while reloads("ok").await < 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no reload:\n{}",
-            proxy.stderr()
-        );
-        tokio::task::yield_now().await;
-    }
+    await_reloads(&admin, "ok", &proxy).await;
     assert_eq!(
         keyless(client.clone()).await,
         201,
@@ -356,14 +360,7 @@ async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
 
     std::fs::write(file.path(), "upstream:\n  url: 7\n").expect("write");
     proxy.signal("HUP").await;
-    while reloads("error").await < 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no reload:\n{}",
-            proxy.stderr()
-        );
-        tokio::task::yield_now().await;
-    }
+    await_reloads(&admin, "error", &proxy).await;
     assert_eq!(
         keyless(client.clone()).await,
         201,

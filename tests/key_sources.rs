@@ -387,3 +387,31 @@ async fn hostile_json_bodies_get_clear_answers() {
     assert!(same.replayed(), "{}", same.text());
     assert_eq!(up.count(), 1);
 }
+
+/// A body read for a `json` source that held no key stays counted in
+/// `max_buffered_bytes` until it has been forwarded.
+#[tokio::test]
+async fn a_keyless_body_read_for_a_json_source_counts_until_forwarded() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  key_from: [{json: /id}]\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000));
+    let held = tokio::spawn({
+        let c = c.clone();
+        async move { c.send("POST", "/gate/orders", &[JSON], &body).await }
+    });
+    up.wait_for(1).await;
+    let buffered: u64 = proxy
+        .state
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("idemgate_buffered_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the gauge is exported");
+    assert!(buffered >= 1000, "held while forwarding: {buffered}");
+    up.open_gate();
+    assert_eq!(held.await.expect("task").status, 201);
+    proxy.stop().await;
+}

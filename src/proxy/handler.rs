@@ -52,9 +52,10 @@ pub async fn handle<S: Store, B: RequestBody>(
     let mut scoped_key = None;
     // The configuration this request runs under to its end, whatever a reload does.
     let live = state.live();
-    let counted = match route(&state, &live, req, peer, &mut scoped_key).await {
+    let next = route(&state, &live, req, peer, &mut scoped_key).await;
+    let counted = match next {
         Ok(Next::Exchange { id, lease, req }) => {
-            exchange::execute(&state, Arc::clone(&live), id, lease, req).await
+            exchange::execute(&state, live, id, lease, req).await
         }
         Ok(Next::Answer(reply)) => finish(&state, Ok(reply)),
         Err(err) => finish(&state, Err(err)),
@@ -126,7 +127,9 @@ async fn route<S: Store, B: RequestBody>(
         Found::Fingerprint(source) => guard(policy, read, body, peer, source, None),
         Found::Absent | Found::NeedsBody => {
             drop(body);
-            return keyless(state, live, policy, read.into_request(), peer).await;
+            // The bytes stay counted in `max_buffered_bytes` until they are forwarded.
+            let (req, _held) = read.into_request();
+            return keyless(state, live, policy, req, peer).await;
         }
     };
     *scoped_key = Some(req.scoped);
@@ -186,9 +189,13 @@ impl Read {
         }
     }
 
-    /// The request again, to forward unguarded with the very same body bytes.
-    fn into_request(self) -> Request<Full<Bytes>> {
-        Request::from_parts(self.parts, Full::new(self.body))
+    /// The request again, to forward unguarded with the very same body bytes, and the
+    /// body's share of the buffer budget.
+    fn into_request(self) -> (Request<Full<Bytes>>, Held) {
+        (
+            Request::from_parts(self.parts, Full::new(self.body)),
+            self.held,
+        )
     }
 }
 
