@@ -160,3 +160,26 @@ async fn a_new_upstream_url_takes_new_requests_and_drains_the_old_pool() {
     assert!(c.post("/charges", "a", "{}").await.replayed());
     proxy.stop().await;
 }
+
+/// `shutdown_timeout` applies from a reload: a shutdown after one waits for the new
+/// limit, not the one the proxy started with.
+#[tokio::test]
+async fn a_reloaded_shutdown_timeout_bounds_the_next_shutdown() {
+    let up = Upstream::start().await;
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nshutdown_timeout: 60s\n",
+        up.url()
+    ));
+    let proxy = proxy_from(&file).await;
+    let _held = proxy.client().spawn_post("/gate/charges", "k1", "{}");
+    up.wait_for(1).await;
+    write(
+        &file,
+        &format!("upstream:\n  url: {}\nshutdown_timeout: 100ms\n", up.url()),
+    );
+    reload(&proxy.state, file.path(), None, &no_level).expect("reloads");
+    let how = tokio::time::timeout(Duration::from_secs(10), proxy.stop())
+        .await
+        .expect("the reloaded 100ms, not the 60s the proxy started with");
+    assert_eq!(how, idemgate::proxy::Shutdown::TimedOut);
+}

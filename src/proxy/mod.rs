@@ -228,7 +228,8 @@ pub async fn serve<S: Store>(
     }
     drop(listener);
     tracing::info!("shutting down: listener closed, finishing in-flight requests");
-    let limit = state.config.shutdown_timeout;
+    // A reload may have changed it (SPEC §14).
+    let limit = state.live().config.shutdown_timeout;
     let until = tokio::time::Instant::now() + limit;
     state.tasks.close();
     let drained = async {

@@ -3,7 +3,7 @@
 //! in flight keep the configuration they started with, and no connection is dropped.
 //!
 //! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
-//! `log.level`, `route_match`. What needs a restart, and is refused: the keys in
+//! `log.level`, `route_match`, `shutdown_timeout`. What needs a restart, and is refused: the keys in
 //! [`RESTART_ONLY`].
 
 use std::net::SocketAddr;
