@@ -21,6 +21,7 @@ mod policy;
 mod raw;
 mod render;
 mod sections;
+mod sentinel;
 mod tls;
 mod units;
 mod validate;
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 pub use policy::Policy;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
+pub use sentinel::SentinelConfig;
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +114,11 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// File store: flush every commit to stable storage.
     pub fsync: bool,
+    /// Redis: find the master through these sentinels instead of `urls` (SPEC §14).
+    pub sentinel: Option<SentinelConfig>,
+    /// Redis and Sentinel: replicas that must acknowledge a claim (`WAIT`) before it is
+    /// forwarded, and a record before it is counted as replicated; 0 waits for none.
+    pub min_replicas: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::policy::{RawPolicy, RawRoute};
 use super::sections::{RawErrors, RawLog, RawUpstream};
+use super::sentinel::RawSentinel;
 use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl};
 use super::{ConfigError, OnUnavailable, RouteMatch, StoreKind};
 
@@ -95,6 +96,8 @@ pub(super) struct RawStore {
     pub(super) max_entries: Option<Count>,
     pub(super) path: Option<String>,
     pub(super) fsync: Option<Flag>,
+    pub(super) sentinel: Option<RawSentinel>,
+    pub(super) min_replicas: Option<Count>,
 }
 
 #[derive(Debug, Default, Deserialize)]

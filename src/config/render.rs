@@ -38,6 +38,12 @@ pub(super) fn to_yaml(config: &Config) -> String {
     put(&mut map, "max_entries", store.max_entries as u64);
     put(&mut map, "path", store.path.to_string_lossy().as_ref());
     put(&mut map, "fsync", store.fsync);
+    put(
+        &mut map,
+        "sentinel",
+        super::sentinel::render(store.sentinel.as_ref()),
+    );
+    put(&mut map, "min_replicas", u64::from(store.min_replicas));
     put(&mut root, "store", map);
 
     put(

@@ -134,6 +134,12 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
             .filter(|n| *n >= 1)
             .ok_or_else(|| ConfigError::invalid("store.max_entries", "must be at least 1"))?,
     };
+    let sentinel = raw
+        .sentinel
+        .map(|s| super::sentinel::build(s, kind, |url| check_redis_url(url, false)))
+        .transpose()?;
+    let min_replicas = super::sentinel::min_replicas(raw.min_replicas.map(|c| c.0))?;
+    super::sentinel::check(kind, cluster, sentinel.as_ref(), min_replicas)?;
     let path = raw.path.unwrap_or_else(|| DEFAULT_FILE_PATH.to_owned());
     if path.is_empty() {
         return Err(ConfigError::invalid(
@@ -151,6 +157,8 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         max_entries,
         path: path.into(),
         fsync: raw.fsync.is_none_or(|f| f.0),
+        sentinel,
+        min_replicas,
     })
 }
 

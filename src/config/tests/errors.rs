@@ -501,6 +501,86 @@ fn cluster_follows_the_flag_or_the_url_count_and_refuses_databases() {
     assert_eq!(empty_list.store.urls, ["redis://x:1/0"]);
 }
 
+/// SPEC §14: the sentinels watch one master, and `WAIT` counts one master's replicas;
+/// neither goes with a cluster.
+#[test]
+fn sentinel_and_min_replicas_refuse_a_cluster() {
+    let sentinel = "  sentinel:\n    master_name: mymaster\n    urls: [redis://s1:26379]\n";
+    let ok = parse_ok(&with_minimal(&format!(
+        "store:\n  kind: redis\n{sentinel}  min_replicas: 1\n"
+    )));
+    assert_eq!(ok.store.min_replicas, 1);
+    assert_eq!(
+        ok.store.sentinel.as_ref().map(|s| s.master_name.as_str()),
+        Some("mymaster")
+    );
+    let message = error_at(
+        &with_minimal(&format!(
+            "store:\n  kind: redis\n  cluster: true\n{sentinel}"
+        )),
+        "store.sentinel",
+    );
+    assert!(message.contains("cluster"), "{message}");
+    // Several URLs make a cluster too.
+    error_at(
+        &with_minimal(&format!(
+            "store:\n  kind: redis\n  urls: [redis://a:1, redis://b:1]\n{sentinel}"
+        )),
+        "store.sentinel",
+    );
+    let message = error_at(
+        &with_minimal("store:\n  kind: redis\n  cluster: true\n  min_replicas: 1\n"),
+        "store.min_replicas",
+    );
+    assert!(message.contains("cluster"), "{message}");
+    // 0 is the default, and what a cluster takes.
+    parse_ok(&with_minimal(
+        "store:\n  kind: redis\n  cluster: true\n  min_replicas: 0\n",
+    ));
+    // Keys that do not apply to the kind are allowed (SPEC §8).
+    parse_ok(&with_minimal(
+        "store:\n  kind: memory\n  cluster: true\n  min_replicas: 2\n",
+    ));
+}
+
+#[test]
+fn sentinel_needs_a_name_and_good_urls() {
+    let store = |body: &str| with_minimal(&format!("store:\n  kind: redis\n  sentinel:\n{body}"));
+    error_at(
+        &store("    urls: [redis://s1:26379]\n"),
+        "store.sentinel.master_name",
+    );
+    error_at(&store("    master_name: m\n"), "store.sentinel.urls");
+    error_at(
+        &store("    master_name: m\n    urls: []\n"),
+        "store.sentinel.urls",
+    );
+    let message = error_at(
+        &store("    master_name: m\n    urls: [redis://s1:26379, http://s2:26379]\n"),
+        "store.sentinel.urls[1]",
+    );
+    assert!(message.contains("redis://"), "{message}");
+    error_at(
+        &store("    master_name: m\n    url: redis://s1:26379\n"),
+        "store.sentinel.url",
+    );
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  min_replicas: many\n"),
+        "store.min_replicas",
+    );
+    error_at(
+        &with_minimal("store:\n  kind: redis\n  min_replicas: 1000\n"),
+        "store.min_replicas",
+    );
+    // A password in a sentinel URL is never printed by --check.
+    let secret = parse_ok(&store(
+        "    master_name: m\n    urls: [\"redis://:hunter2@s1:26379/2\"]\n",
+    ));
+    let yaml = secret.to_yaml();
+    assert!(!yaml.contains("hunter2"), "{yaml}");
+    assert!(yaml.contains("redis://:***@s1:26379/2"), "{yaml}");
+}
+
 #[test]
 fn a_missing_env_var_names_the_field_and_the_variable() {
     let text =

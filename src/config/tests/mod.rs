@@ -97,6 +97,8 @@ fn a_minimal_file_gets_every_default() {
             max_entries: 100_000,
             path: "/var/lib/idemgate".into(),
             fsync: true,
+            sentinel: None,
+            min_replicas: 0,
         }
     );
     let policy = &config.idempotency;
@@ -160,6 +162,10 @@ store:
   timeout: 250ms
   on_unavailable: pass_through
   max_entries: 42
+  sentinel:
+    master_name: payments
+    urls: [rediss://sentinel-a:26379, redis://sentinel-b:26380]
+  min_replicas: 2
 idempotency:
   header: X-Request-Key
   methods: [post, Put]
@@ -224,6 +230,14 @@ fn every_key_can_be_overridden() {
             max_entries: 42,
             path: "/var/lib/idemgate".into(),
             fsync: true,
+            sentinel: Some(SentinelConfig {
+                master_name: "payments".to_owned(),
+                urls: vec![
+                    "rediss://sentinel-a:26379".to_owned(),
+                    "redis://sentinel-b:26380".to_owned(),
+                ],
+            }),
+            min_replicas: 2,
         }
     );
     let expected = Policy {
