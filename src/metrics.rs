@@ -168,6 +168,8 @@ pub struct Metrics {
     records_lost: Counter,
     /// SIGHUP reloads: `[ok, error]`.
     reloads: [Counter; 2],
+    /// Records fewer replicas acknowledged than `store.min_replicas` asks (SPEC §14).
+    replication_shortfall: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -254,9 +256,16 @@ impl Metrics {
             "Configuration reloads (SIGHUP) by result; an error leaves the running configuration in force",
             reloads_family,
         );
+        let replication_shortfall = Counter::default();
+        registry.register(
+            "idemgate_replication_shortfall",
+            "Records that fewer Redis replicas acknowledged than store.min_replicas within store.timeout: answered, but a failover may lose them",
+            replication_shortfall.clone(),
+        );
         Self {
             registry,
             requests,
+            replication_shortfall,
             reloads,
             store_ops,
             upstream,
@@ -390,6 +399,11 @@ impl Metrics {
 
     pub fn orphans_released(&self) -> u64 {
         self.orphans_released.get()
+    }
+
+    /// A handle on `idemgate_replication_shortfall_total`, for the store that counts it.
+    pub fn replication_shortfall(&self) -> Counter {
+        self.replication_shortfall.clone()
     }
 
     /// The Prometheus (OpenMetrics) text exposition.

@@ -56,8 +56,12 @@ pub(crate) async fn claim<S: Store>(
             Ok(Claim::Acquired(lease)) => return Ok(Claimed::Owned(lease)),
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(err) => {
-                if matches!(err, StoreError::Timeout(_)) {
-                    // Our marker may have been written all the same.
+                // Timed out: our marker may have been written all the same. Unreplicated:
+                // it was, and is not to be forwarded (SPEC §14).
+                if matches!(
+                    err,
+                    StoreError::Timeout(_) | StoreError::Unreplicated { .. }
+                ) {
                     orphaned(state, policy, claim, Job::Release);
                 }
                 return Ok(Claimed::Unavailable(err));
@@ -107,8 +111,11 @@ async fn take_over<S: Store>(
         })),
         Ok(None) => Ok(None),
         Err(err) => {
-            if matches!(err, StoreError::Timeout(_)) {
-                // Our marker may be there: finish what the take-over was for, so that
+            if matches!(
+                err,
+                StoreError::Timeout(_) | StoreError::Unreplicated { .. }
+            ) {
+                // Our marker may be there (or is, but not on enough replicas): finish what the take-over was for, so that
                 // the key does not wait out a lease nobody holds. Under `release` the
                 // key is freed; under `record` the unknown outcome is recorded, never
                 // freed (the crashed owner may have executed the request).

@@ -301,8 +301,11 @@ async fn store_unavailable<S: Store>(
 ) -> Result<Reply, ProxyError> {
     match state.config.store.on_unavailable {
         // A memory store full of in-flight markers is working, not down: forwarding
-        // unguarded would let duplicates of those very requests through (SPEC §8).
-        _ if matches!(err, StoreError::Full) => Err(ProxyError::StoreUnavailable(err)),
+        // unguarded would let duplicates of those very requests through (SPEC §8). A
+        // claim too few replicas hold was written: it is never forwarded (SPEC §14).
+        _ if matches!(err, StoreError::Full | StoreError::Unreplicated { .. }) => {
+            Err(ProxyError::StoreUnavailable(err))
+        }
         OnUnavailable::Reject => Err(ProxyError::StoreUnavailable(err)),
         OnUnavailable::PassThrough => {
             tracing::warn!(error = %err, "store unavailable: forwarding without idempotency");

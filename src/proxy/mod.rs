@@ -115,6 +115,7 @@ impl<S: Store> AppState<S> {
     pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
         let live = ArcSwap::from_pointee(Live::new(Arc::clone(&config)));
         store.register_metrics(metrics.registry_mut());
+        store.count_shortfalls_in(metrics.replication_shortfall());
         let deadline = Deadline::new(config.store.timeout, metrics.store_timings());
         let store = Timed::new(store, deadline);
         let budget = budget::Budget::new(config.max_buffered_bytes);

@@ -93,6 +93,11 @@ pub enum StoreError {
     Protocol(&'static str),
     #[error("the store returned a record that cannot be decoded")]
     Corrupt(#[source] crate::idempotency::record::DecodeError),
+    /// `store.min_replicas` (SPEC §14): the claim was written, but fewer replicas than
+    /// asked acknowledged it in time, so a failover could lose it. It must not be
+    /// forwarded, whatever `on_unavailable` says, and is released.
+    #[error("only {acked} of the {wanted} replicas asked for acknowledged the claim in time")]
+    Unreplicated { acked: u32, wanted: u32 },
 }
 
 /// The operations the engine needs from a store. Every mutation after a claim is
@@ -142,6 +147,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Adds the store's own metrics (e.g. evictions) to `/metrics`.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
+
+    /// Hands over `idemgate_replication_shortfall_total`, which the proxy exports for
+    /// every store; only a store with replicas (Redis, `min_replicas`) counts in it.
+    fn count_shortfalls_in(&self, _counter: prometheus_client::metrics::counter::Counter) {}
 }
 
 /// A subscription to one key's next change, from [`Store::watch`].
@@ -201,5 +210,9 @@ impl<T: Store> Store for Arc<T> {
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         (**self).register_metrics(registry);
+    }
+
+    fn count_shortfalls_in(&self, counter: prometheus_client::metrics::counter::Counter) {
+        (**self).count_shortfalls_in(counter);
     }
 }

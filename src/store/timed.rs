@@ -135,6 +135,10 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.register_metrics(registry);
     }
+
+    fn count_shortfalls_in(&self, counter: prometheus_client::metrics::counter::Counter) {
+        self.inner.count_shortfalls_in(counter);
+    }
 }
 
 #[cfg(test)]

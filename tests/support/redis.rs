@@ -6,6 +6,7 @@
 //! tokio's clock must still wait for a real process, not for an auto-advanced timer.
 
 mod fill;
+pub mod ha;
 
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
@@ -36,11 +37,20 @@ struct NodeConfig {
     dir: PathBuf,
     password: Option<String>,
     extra: Vec<String>,
+    /// A sentinel's configuration file, which must come first (`ha.rs`).
+    sentinel_conf: Option<PathBuf>,
 }
 
 impl NodeConfig {
     fn args(&self) -> Vec<String> {
         let words = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        if let Some(conf) = &self.sentinel_conf {
+            let mut args = vec![conf.display().to_string(), "--sentinel".to_owned()];
+            args.extend(words("--bind 127.0.0.1 --daemonize no"));
+            args.extend(["--port".to_owned(), self.port.to_string()]);
+            args.extend(["--dir".to_owned(), self.dir.display().to_string()]);
+            return args;
+        }
         let mut args = words("--bind 127.0.0.1 --appendonly no --daemonize no --save");
         args.push(String::new()); // `--save ''`: no snapshots
         args.extend(["--port".to_owned(), self.port.to_string()]);
@@ -262,6 +272,7 @@ impl RedisServer {
                     dir,
                     password: password.clone(),
                     extra: extra.to_vec(),
+                    sentinel_conf: None,
                 },
                 child: None,
                 own_auths: AtomicU64::new(0),
@@ -299,22 +310,25 @@ impl RedisCluster {
     /// Three masters joined with `redis-cli --cluster create`, ready once every node reports
     /// `cluster_state:ok`. The setup's own commands stay in the counters: compare deltas.
     pub async fn start() -> RedisCluster {
-        blocking(|| {
-            let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::launch(&[], true)).collect();
-            let cluster = RedisCluster { nodes };
-            let addrs: Vec<String> = cluster
-                .nodes
-                .iter()
-                .map(|node| format!("127.0.0.1:{}", node.port))
-                .collect();
-            let mut args = vec!["--cluster", "create"];
-            args.extend(addrs.iter().map(String::as_str));
-            args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-            cluster.nodes[0].cli(&args);
-            cluster.wait_ok();
-            cluster
-        })
-        .await
+        blocking(|| RedisCluster::create(3, 0)).await
+    }
+
+    /// `nodes` servers joined with `replicas` replicas per master.
+    fn create(nodes: usize, replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::launch(&[], true)).collect();
+        let cluster = RedisCluster { nodes };
+        let addrs: Vec<String> = cluster
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let replicas = replicas.to_string();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", replicas.as_str(), "--cluster-yes"]);
+        cluster.nodes[0].cli(&args);
+        cluster.wait_ok();
+        cluster
     }
 
     pub fn seed_urls(&self) -> Vec<String> {
@@ -331,14 +345,11 @@ impl RedisCluster {
     fn wait_ok(&self) {
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut pending: Vec<&RedisServer> = self.nodes.iter().collect();
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         loop {
             pending.retain(|node| {
                 let info = node.cli(&["CLUSTER", "INFO"]);
-                let ok = [
-                    "cluster_state:ok",
-                    "cluster_slots_ok:16384",
-                    "cluster_known_nodes:3",
-                ];
+                let ok = ["cluster_state:ok", "cluster_slots_ok:16384", known.as_str()];
                 !ok.iter()
                     .all(|want| info.lines().any(|l| l.trim() == *want))
             });

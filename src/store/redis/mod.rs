@@ -10,6 +10,7 @@
 //! multiplexed connection; the scripts publish on it when the key changes.
 
 mod claim;
+mod replicas;
 mod version;
 mod watch;
 
@@ -125,6 +126,8 @@ pub struct RedisStore {
     asking: AsyncMutex<()>,
     /// Whether key changes are published for waiters.
     notify: bool,
+    /// `store.min_replicas`: the `WAIT` after claims and records.
+    replicas: replicas::Replicas,
 }
 
 fn unavailable(err: redis::RedisError) -> StoreError {
@@ -204,6 +207,7 @@ impl RedisStore {
             claim_mode,
             asking: AsyncMutex::new(()),
             notify: true,
+            replicas: replicas::Replicas::new(config.min_replicas, config.timeout),
         })
     }
 
@@ -324,6 +328,7 @@ impl Store for RedisStore {
         let mut conn = self.conn().await?;
         // Asked first: on first use it is a round trip, which the lease must not lose.
         let with = self.claim_with(&mut conn).await?;
+        let written = self.before_write();
         let now = now_ms();
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
@@ -332,10 +337,13 @@ impl Store for RedisStore {
             .write_claim(&mut conn, with, &key, &marker, ttl)
             .await?
         {
-            Found::Ours => Ok(Claim::Acquired(Lease {
-                key: req.key,
-                token: req.token,
-            })),
+            Found::Ours => {
+                self.claim_replicated(&mut conn, written).await?;
+                Ok(Claim::Acquired(Lease {
+                    key: req.key,
+                    token: req.token,
+                }))
+            }
             Found::Record(record) => {
                 let record = Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)?;
                 Ok(Claim::Existing {
@@ -361,8 +369,15 @@ impl Store for RedisStore {
             ttl.as_bytes(),
             channel.as_bytes(),
         ];
-        self.owner_checked(&self.scripts.complete, &lease.key, &args)
-            .await
+        let written = self.before_write();
+        let done = self
+            .owner_checked(&self.scripts.complete, &lease.key, &args)
+            .await?;
+        if done == Fenced::Done && self.replicas.wanted() > 0 {
+            self.record_replicated(&mut self.conn().await?, written)
+                .await;
+        }
+        Ok(done)
     }
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
@@ -400,15 +415,21 @@ impl Store for RedisStore {
             channel.as_bytes(),
             now.as_bytes(),
         ];
+        let written = self.before_write();
         Ok(
             match self
                 .owner_checked(&self.scripts.take_over, &req.key, &args)
                 .await?
             {
-                Fenced::Done => Some(Lease {
-                    key: req.key,
-                    token: req.token,
-                }),
+                Fenced::Done => {
+                    // A take-over is a claim: the same WAIT.
+                    self.claim_replicated(&mut self.conn().await?, written)
+                        .await?;
+                    Some(Lease {
+                        key: req.key,
+                        token: req.token,
+                    })
+                }
                 Fenced::LeaseLost => None,
             },
         )
@@ -428,6 +449,10 @@ impl Store for RedisStore {
             .query_async::<()>(&mut conn)
             .await
             .map_err(unavailable)
+    }
+
+    fn count_shortfalls_in(&self, counter: prometheus_client::metrics::counter::Counter) {
+        self.replicas.count_shortfalls_in(counter);
     }
 }
 

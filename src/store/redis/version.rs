@@ -127,6 +127,12 @@ impl ClaimMode {
             .is_ok()
     }
 
+    /// Bumped by every disconnection (and Sentinel switch): a write and a later `WAIT`
+    /// in one epoch went over one connection (`replicas.rs`).
+    pub(super) fn epoch(&self) -> u64 {
+        self.0.load(Ordering::Acquire) >> 2
+    }
+
     /// The connection was lost: the next claim asks the server again.
     pub(super) fn forget(&self) {
         let _ = self
