@@ -11,6 +11,7 @@
 
 mod claim;
 mod replicas;
+mod sentinel;
 mod version;
 mod watch;
 
@@ -62,6 +63,7 @@ impl Scripts {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(sentinel::MasterConn),
 }
 
 impl ConnectionLike for Conn {
@@ -69,6 +71,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -81,6 +84,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -88,6 +92,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -97,6 +102,8 @@ impl ConnectionLike for Conn {
 enum Backend {
     Single(ConnectionManager),
     Cluster(Box<LazyCluster>),
+    /// SPEC §14: the master the sentinels name (`sentinel.rs`).
+    Sentinel(Box<sentinel::Master>),
 }
 
 struct LazyCluster {
@@ -109,6 +116,7 @@ impl std::fmt::Debug for Backend {
         f.write_str(match self {
             Backend::Single(_) => "Backend::Single",
             Backend::Cluster(_) => "Backend::Cluster",
+            Backend::Sentinel(_) => "Backend::Sentinel",
         })
     }
 }
@@ -128,6 +136,17 @@ pub struct RedisStore {
     notify: bool,
     /// `store.min_replicas`: the `WAIT` after claims and records.
     replicas: replicas::Replicas,
+}
+
+/// How a single server (or the master Sentinel names) is reached, but for the push sender.
+fn manager_config(timeout: Duration, response_timeout: Duration) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(response_timeout))
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_millis(500))
+        .set_number_of_retries(2)
+        .set_automatic_resubscription()
 }
 
 fn unavailable(err: redis::RedisError) -> StoreError {
@@ -174,6 +193,14 @@ impl RedisStore {
                 client,
                 conn: OnceCell::new(),
             }))
+        } else if let Some(sentinels) = &config.sentinel {
+            Backend::Sentinel(Box::new(sentinel::Master::new(
+                sentinels,
+                manager_config(config.timeout, response_timeout),
+                config.timeout,
+                Arc::clone(&watchers),
+                Arc::clone(&claim_mode),
+            )?))
         } else {
             let url = config
                 .urls
@@ -187,14 +214,8 @@ impl RedisStore {
                 .set_protocol(ProtocolVersion::RESP3);
             info = info.set_redis_settings(settings);
             let client = redis::Client::open(info).map_err(unavailable)?;
-            let manager_config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.timeout))
-                .set_response_timeout(Some(response_timeout))
-                .set_min_delay(Duration::from_millis(20))
-                .set_max_delay(Duration::from_millis(500))
-                .set_number_of_retries(2)
-                .set_push_sender(sender)
-                .set_automatic_resubscription();
+            let manager_config =
+                manager_config(config.timeout, response_timeout).set_push_sender(sender);
             let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
                 .map_err(unavailable)?;
             Backend::Single(manager)
@@ -222,6 +243,7 @@ impl RedisStore {
                     .map_err(unavailable)?;
                 Ok(Conn::Cluster(conn.clone()))
             }
+            Backend::Sentinel(master) => Ok(Conn::Sentinel(master.conn().await?)),
         }
     }
 

@@ -74,7 +74,7 @@ impl Watchers {
     }
 
     /// After a reconnect, messages may have been missed: everyone looks again.
-    fn wake_all(&self) {
+    pub(super) fn wake_all(&self) {
         for entry in self.lock().values() {
             entry.notify.notify_waiters();
         }
@@ -154,6 +154,7 @@ impl RedisWatch {
         match self.conn.clone() {
             Conn::Single(mut c) => c.subscribe(&self.channel).await,
             Conn::Cluster(mut c) => c.subscribe(&self.channel).await,
+            Conn::Sentinel(mut c) => c.subscribe(&self.channel).await,
         }
     }
 }
@@ -199,6 +200,7 @@ impl Drop for RedisWatch {
             let result = match conn {
                 Conn::Single(mut c) => c.unsubscribe(&channel).await,
                 Conn::Cluster(mut c) => c.unsubscribe(&channel).await,
+                Conn::Sentinel(mut c) => c.unsubscribe(&channel).await,
             };
             if let Err(err) = result {
                 tracing::debug!(error = %err, "unsubscribe failed");
