@@ -14,11 +14,18 @@
 //! one or a later one. A reconnection in between (or a Sentinel switch to another master)
 //! would make `WAIT` count for a connection that wrote nothing; the claim mode's epoch,
 //! bumped by both, tells, and the write then counts as not acknowledged.
+//!
+//! Redis answers nothing else on a connection while a `WAIT` on it blocks, and every
+//! request shares the one multiplexed connection. So `WAIT`s are shared, as a group commit
+//! shares a flush: one is in flight at a time, and it answers for every write whose reply
+//! had arrived when it was sent. A request whose write one already covers takes its answer.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
 use super::{Conn, RedisStore};
@@ -32,6 +39,19 @@ pub(super) struct Replicas {
     budget: Duration,
     /// `idemgate_replication_shortfall_total`, handed over by the proxy.
     shortfalls: OnceLock<Counter>,
+    /// Writes whose reply has arrived, numbered in that order.
+    writes: AtomicU64,
+    /// Held while a `WAIT` is in flight; what the last one answered.
+    last: AsyncMutex<LastWait>,
+}
+
+/// A `WAIT` that answered.
+#[derive(Debug, Default)]
+struct LastWait {
+    /// It was sent once writes numbered below this had their replies.
+    covers: u64,
+    /// Replicas that acknowledged them all; `None` when it failed or timed out.
+    acked: Option<u32>,
 }
 
 /// What `WAIT` said of a write.
@@ -56,6 +76,8 @@ impl Replicas {
             wanted,
             budget,
             shortfalls: OnceLock::new(),
+            writes: AtomicU64::new(0),
+            last: AsyncMutex::new(LastWait::default()),
         }
     }
 
@@ -96,26 +118,42 @@ impl RedisStore {
     /// `WAIT min_replicas` for the write made since `written`, on `conn` (the connection
     /// that wrote). `Enough` at once when no replica is asked for.
     pub(super) async fn replicated(&self, conn: &mut Conn, written: Written) -> Acked {
-        let wanted = self.replicas.wanted;
+        let replicas = &self.replicas;
+        let wanted = replicas.wanted;
         if wanted == 0 {
             return Acked::Enough;
         }
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(wanted).arg(self.replicas.wait_ms(written.started));
-        let wait = wait.query_async::<u32>(conn);
-        let reply = tokio::time::timeout_at(self.replicas.give_up_at(written.started), wait).await;
+        // The write's reply has arrived: any WAIT sent from now on covers it.
+        let write = replicas.writes.fetch_add(1, Ordering::AcqRel);
+        let give_up = replicas.give_up_at(written.started);
+        let acked = match tokio::time::timeout_at(give_up, replicas.last.lock()).await {
+            Err(_) => None,
+            Ok(last) if last.covers > write => last.acked,
+            Ok(mut last) => {
+                let covers = replicas.writes.load(Ordering::Acquire);
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(wanted).arg(replicas.wait_ms(written.started));
+                let wait = wait.query_async::<u32>(conn);
+                let acked = match tokio::time::timeout_at(give_up, wait).await {
+                    Ok(Ok(acked)) => Some(acked),
+                    Ok(Err(err)) => {
+                        tracing::debug!(error = %err, "WAIT failed");
+                        None
+                    }
+                    Err(_) => None,
+                };
+                *last = LastWait { covers, acked };
+                acked
+            }
+        };
         if self.claim_mode.epoch() != written.epoch {
             // Another connection (or master) answered the WAIT: it says nothing of ours.
             return Acked::Short { acked: 0 };
         }
-        match reply {
-            Ok(Ok(acked)) if acked >= wanted => Acked::Enough,
-            Ok(Ok(acked)) => Acked::Short { acked },
-            Ok(Err(err)) => {
-                tracing::debug!(error = %err, "WAIT failed");
-                Acked::Short { acked: 0 }
-            }
-            Err(_) => Acked::Short { acked: 0 },
+        match acked {
+            Some(acked) if acked >= wanted => Acked::Enough,
+            Some(acked) => Acked::Short { acked },
+            None => Acked::Short { acked: 0 },
         }
     }
 

@@ -36,10 +36,22 @@ impl RedisServer {
         replica
             .wait_info("replication", "master_link_status:up")
             .await;
-        // WAIT counts a replica only once the master has put it online, after its first
-        // acknowledgement (up to a second after the sync).
+        // WAIT counts a replica only once the master streams commands to it, which
+        // Redis 7 starts at the replica's first acknowledgement, up to a second after the
+        // sync: wait until a write arrives.
         let online = format!("port={},state=online", replica.port);
         master.wait_info("replication", &online).await;
+        const PROBE: &str = "idemgate-test:replication-probe";
+        master.cli(&["SET", PROBE, "1"]);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while replica.cli(&["EXISTS", PROBE]) != "1" {
+            assert!(
+                Instant::now() < deadline,
+                "no replication within {READY_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        master.cli(&["DEL", PROBE]);
         replica
     }
 
