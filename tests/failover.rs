@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use idemgate::store::RedisStore;
 use support::fault::{Fault, Relay};
-use support::redis::RedisServer;
-use support::redis::ha::{MASTER_NAME, Sentinels};
+use support::redis::ha::{MASTER_NAME, Sentinels, key_slot};
+use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, TestClient, Upstream};
 
 type RedisProxy = Proxy<Arc<RedisStore>>;
@@ -208,4 +208,88 @@ async fn with_min_replicas_0_a_failover_may_execute_keys_twice() {
     let figures = failover_under_load(0).await;
     report(0, &figures);
     assert_eq!(figures.shortfalls, 0, "no WAIT, no shortfall: {figures:?}");
+}
+
+/// A shard of a three-master, three-replica cluster loses its master: requests for keys
+/// on the other shards are answered throughout (with `cluster-require-full-coverage no`,
+/// without which Redis itself refuses every key until the promotion), and the shard's
+/// keys are answered again once its replica is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_shard_failover_leaves_the_other_shards_serving() {
+    let mut cluster = RedisCluster::start_with_replicas().await;
+    for node in &cluster.nodes {
+        node.cli(&["CONFIG", "SET", "cluster-require-full-coverage", "no"]);
+    }
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: redis\n  cluster: true\n  urls: [{}]\n  timeout: 500ms\n",
+        cluster.seed_urls().join(", ")
+    );
+    let proxy: RedisProxy = Proxy::redis(&yaml, &up).await;
+    let config = Arc::clone(&proxy.state.config);
+    let shards = cluster.shards();
+    let shard_of_key = |key: &str| {
+        let id = idemgate::proxy::record_id(
+            &config,
+            &http::Method::POST,
+            "/charges",
+            &http::HeaderMap::new(),
+            key,
+        )
+        .expect("a guarded key");
+        shards.of(key_slot(&id))
+    };
+    let (victim, replica) = shard_of_key("shard-probe");
+    let replica = replica.expect("the shard has a replica");
+    // Keys by shard, enough for the whole outage.
+    let (mut theirs, mut others) = (Vec::new(), Vec::new());
+    for i in 0..4000 {
+        let key = format!("c-{i}");
+        if shard_of_key(&key).0 == victim {
+            theirs.push(key);
+        } else {
+            others.push(key);
+        }
+    }
+    let c = proxy.client();
+    let mut others = others.into_iter();
+    let mut next_other = || others.next().expect("enough keys on the other shards");
+    for _ in 0..10 {
+        assert_eq!(c.post("/charges", &next_other(), "{}").await.status, 201);
+    }
+
+    cluster.nodes[victim].kill();
+    let deadline = Instant::now() + LIMIT;
+    let (mut served, mut refused_theirs) = (0, 0);
+    let mut theirs = theirs.into_iter();
+    loop {
+        let other = c.post("/charges", &next_other(), "{}").await;
+        assert_eq!(
+            other.status,
+            201,
+            "a key on another shard, during the failover: {}",
+            other.text()
+        );
+        served += 1;
+        let key = theirs.next().expect("enough keys on the failed shard");
+        let status = c.post("/charges", &key, "{}").await.status;
+        if status == 201 && cluster.nodes[replica].role() == "master" {
+            break;
+        }
+        refused_theirs += u32::from(status != 201);
+        assert!(
+            Instant::now() < deadline,
+            "the failed shard not back within {LIMIT:?}"
+        );
+    }
+    report_cluster(served, refused_theirs);
+    assert!(refused_theirs > 0, "the shard's master was down a while");
+}
+
+#[allow(clippy::print_stderr)]
+fn report_cluster(served: u32, refused: u32) {
+    eprintln!(
+        "cluster shard failover: {served} requests for other shards answered 201 during it, \
+         {refused} for the failed shard refused"
+    );
 }

@@ -235,48 +235,57 @@ impl RedisCluster {
         cluster
     }
 
-    /// The master owning `slot`, and its replica, as indexes into `nodes`, from
+    /// Which master owns which slots, and its replica, as indexes into `nodes`, from one
     /// `CLUSTER NODES`.
-    pub fn shard_of(&self, slot: u16) -> (usize, Option<usize>) {
+    pub fn shards(&self) -> Shards {
         let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
         let lines: Vec<Vec<&str>> = nodes
             .lines()
             .map(|l| l.split_whitespace().collect())
             .collect();
-        let port_of = |words: &[&str]| -> u16 {
+        let index_of = |words: &[&str]| -> usize {
             let addr = words[1].split('@').next().expect("address");
-            addr.rsplit(':')
+            let port: u16 = addr
+                .rsplit(':')
                 .next()
                 .expect("port")
                 .parse()
-                .expect("port")
-        };
-        let index_of = |port: u16| {
+                .expect("port");
             self.nodes
                 .iter()
                 .position(|n| n.port == port)
                 .expect("a node of this cluster")
         };
-        let owns = |words: &[&str]| {
-            words.iter().skip(8).any(|range| {
+        let mut ranges = Vec::new();
+        for master in lines.iter().filter(|w| w[2].contains("master")) {
+            let replica = lines
+                .iter()
+                .find(|w| w[2].contains("slave") && w[3] == master[0])
+                .map(|w| index_of(w));
+            for range in master.iter().skip(8) {
                 let (from, to) = range.split_once('-').unwrap_or((range, range));
-                match (from.parse::<u16>(), to.parse::<u16>()) {
-                    (Ok(from), Ok(to)) => (from..=to).contains(&slot),
-                    _ => false,
+                if let (Ok(from), Ok(to)) = (from.parse::<u16>(), to.parse::<u16>()) {
+                    ranges.push((from..=to, index_of(master), replica));
                 }
-            })
-        };
-        let master = lines
+            }
+        }
+        Shards(ranges)
+    }
+}
+
+/// Slot ranges with their master and replica (indexes into the cluster's `nodes`).
+#[derive(Debug)]
+pub struct Shards(Vec<(std::ops::RangeInclusive<u16>, usize, Option<usize>)>);
+
+impl Shards {
+    /// The master owning `slot`, and its replica.
+    pub fn of(&self, slot: u16) -> (usize, Option<usize>) {
+        let (_, master, replica) = self
+            .0
             .iter()
-            .find(|w| w[2].contains("master") && owns(w))
+            .find(|(range, _, _)| range.contains(&slot))
             .expect("a master owns every slot");
-        let replica = lines
-            .iter()
-            .find(|w| w[2].contains("slave") && w[3] == master[0]);
-        (
-            index_of(port_of(master)),
-            replica.map(|w| index_of(port_of(w))),
-        )
+        (*master, *replica)
     }
 }
 
