@@ -66,7 +66,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
   --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
-                      always runs)
+                      always runs), or redis-replica (not in the default run): Redis
+                      with a replica and store.min_replicas: 1
   --scenarios LIST    subset of unguarded,miss,hit,json-key
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
@@ -87,6 +88,8 @@ pub(crate) enum TargetKind {
     Baseline,
     Memory,
     Redis,
+    /// Redis with a replica and `store.min_replicas: 1` (SPEC §14).
+    RedisReplica,
     /// The file store with `fsync: true` (SPEC §12).
     File,
     /// The file store with `fsync: false`.
@@ -100,6 +103,7 @@ impl TargetKind {
             TargetKind::Baseline => "plain-proxy",
             TargetKind::Memory => "idemgate-memory",
             TargetKind::Redis => "idemgate-redis",
+            TargetKind::RedisReplica => "idemgate-redis-replica",
             TargetKind::File => "idemgate-file",
             TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::Nginx => "nginx",
@@ -109,7 +113,11 @@ impl TargetKind {
     fn is_idemgate(self) -> bool {
         matches!(
             self,
-            TargetKind::Memory | TargetKind::Redis | TargetKind::File | TargetKind::FileNoSync
+            TargetKind::Memory
+                | TargetKind::Redis
+                | TargetKind::RedisReplica
+                | TargetKind::File
+                | TargetKind::FileNoSync
         )
     }
 }
@@ -334,6 +342,7 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.targets = list(value()?, |name| match name {
                     "memory" => Some(TargetKind::Memory),
                     "redis" => Some(TargetKind::Redis),
+                    "redis-replica" => Some(TargetKind::RedisReplica),
                     "file" => Some(TargetKind::File),
                     "file-nosync" => Some(TargetKind::FileNoSync),
                     "nginx" => Some(TargetKind::Nginx),

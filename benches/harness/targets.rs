@@ -138,6 +138,60 @@ pub(crate) async fn start(
             None => notes.push("idemgate-redis skipped: redis-server is not on PATH".to_owned()),
         }
     }
+    // SPEC §14: a master and its replica, and idemgate with `min_replicas: 1`.
+    if wanted.contains(&TargetKind::RedisReplica) {
+        match &redis_server {
+            Some(redis) => {
+                let redis_server = |name: &'static str, replica_of: Option<u16>| {
+                    let dir = dir.join(name);
+                    let redis = redis.clone();
+                    async move {
+                        std::fs::create_dir_all(&dir)?;
+                        procs::spawn_server(name, &dir, false, |port| {
+                            let mut cmd = Command::new(&redis);
+                            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                                .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                                .args(["--repl-diskless-sync-delay", "0"])
+                                .arg("--dir")
+                                .arg(&dir);
+                            if let Some(master) = replica_of {
+                                cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
+                            }
+                            Ok(cmd)
+                        })
+                        .await
+                    }
+                };
+                let (master, master_addr) = redis_server("redis-master", None).await?;
+                let redis = Redis {
+                    port: master_addr.port(),
+                    pid: master.pid(),
+                };
+                procs.push(master);
+                let (replica, _) = redis_server("redis-replica", Some(redis.port)).await?;
+                procs.push(replica);
+                procs::wait_replica(redis.port).await?;
+                let (proc, addr) = start_idemgate(
+                    TargetKind::RedisReplica,
+                    Store::RedisReplicated(redis.port),
+                    None,
+                )
+                .await?;
+                targets.push(Target {
+                    kind: TargetKind::RedisReplica,
+                    addr,
+                    pid: proc.pid(),
+                    redis: Some(redis),
+                    admin: None,
+                });
+                procs.push(proc);
+            }
+            None => {
+                notes
+                    .push("idemgate-redis-replica skipped: redis-server is not on PATH".to_owned());
+            }
+        }
+    }
     // The file store in the harness's temp dir, with and without fsync; its admin port
     // serves the flush counters.
     for (kind, fsync) in [(TargetKind::File, true), (TargetKind::FileNoSync, false)] {
