@@ -3,10 +3,12 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::store::RedisStore;
+use support::fault::{Fault, Relay};
 use support::monitor::Monitor;
 use support::redis::RedisServer;
 use support::{Proxy, Upstream};
@@ -102,4 +104,34 @@ async fn wait_follows_a_claim_and_a_record_but_not_a_replay() {
     assert!(replay.replayed());
     assert_eq!(monitor.sent().await, ["SET", "GETRANGE"]);
     assert_eq!(proxy.state.metrics.replication_shortfall().get(), 0);
+}
+
+/// Redis answers nothing else on a connection while a WAIT blocks it: concurrent first
+/// executions share their WAITs instead of queueing two each behind one another.
+#[tokio::test]
+async fn concurrent_first_executions_share_their_waits() {
+    let master = RedisServer::start().await;
+    let link = Relay::start(SocketAddr::from(([127, 0, 0, 1], master.port))).await;
+    let _replica = RedisServer::start_replica_of(&master, link.addr.port()).await;
+    link.set(Fault::Delay(Duration::from_millis(50)));
+    let up = Upstream::start().await;
+    let yaml = yaml(&master.url(), "").replace("timeout: 300ms", "timeout: 5s");
+    let proxy: RedisProxy = Proxy::redis(&yaml, &up).await;
+    let before = master.command_calls("wait");
+    let requests: Vec<_> = (0..16)
+        .map(|i| {
+            proxy
+                .client()
+                .spawn_post("/charges", &format!("shared-{i}"), "{}")
+        })
+        .collect();
+    for request in requests {
+        let resp = request.await.expect("join");
+        assert_eq!(resp.status, 201, "{}", resp.text());
+    }
+    let waits = master.command_calls("wait") - before;
+    assert!(
+        waits < 32,
+        "{waits} WAITs for 16 first executions: none shared"
+    );
 }
