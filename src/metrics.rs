@@ -101,10 +101,12 @@ pub enum StoreOp {
     TakeOver,
     Watch,
     Ping,
+    Inspect,
+    Purge,
 }
 
 impl StoreOp {
-    pub const ALL: [StoreOp; 7] = [
+    pub const ALL: [StoreOp; 9] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Release,
@@ -112,6 +114,8 @@ impl StoreOp {
         StoreOp::TakeOver,
         StoreOp::Watch,
         StoreOp::Ping,
+        StoreOp::Inspect,
+        StoreOp::Purge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +127,8 @@ impl StoreOp {
             StoreOp::TakeOver => "take_over",
             StoreOp::Watch => "watch",
             StoreOp::Ping => "ping",
+            StoreOp::Inspect => "inspect",
+            StoreOp::Purge => "purge",
         }
     }
 }

@@ -7,14 +7,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::lease::{Job, in_background};
+use super::lease::{Job, in_background, stamped};
 use super::reply::problem_record;
 use crate::config::{ErrorsConfig, Policy};
 use crate::error::{ProxyError, UnknownCause};
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
 };
-use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
+use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch, wall_clock_ms};
 
 /// How a claim ended, short of an error.
 #[derive(Debug)]
@@ -115,8 +115,11 @@ async fn take_over<S: Store>(
                 orphaned(state, policy, claim, |lease| match then {
                     AfterTakeOver::Forward => Job::Release(lease),
                     AfterTakeOver::RecordUnknown => Job::Record {
+                        record: Arc::new(stamped(
+                            abandoned_record(&state.config.errors, claim.fingerprint),
+                            &lease,
+                        )),
                         lease,
-                        record: Arc::new(abandoned_record(&state.config.errors, claim.fingerprint)),
                         ttl: claim.ttl,
                     },
                 });
@@ -146,10 +149,8 @@ fn orphaned<S: Store>(
     claim: ClaimRequest,
     job: impl FnOnce(Lease) -> Job,
 ) {
-    let lease = Lease {
-        key: claim.key,
-        token: claim.token,
-    };
+    // The claim's own time is unknown (its call timed out): now is close to it.
+    let lease = claim.lease(wall_clock_ms());
     in_background(state, job(lease), Instant::now() + policy.lease);
 }
 

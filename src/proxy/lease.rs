@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::AppState;
-use crate::idempotency::Completed;
+use crate::idempotency::{Completed, Times};
 use crate::metrics::Outcome;
-use crate::store::{Fenced, Lease, Store, StoreError};
+use crate::store::{Fenced, Lease, Store, StoreError, wall_clock_ms};
 
 /// How many background retries may run at once, across all keys. Past it a retry is
 /// given up at once: during a long store outage the proxy's memory stays bounded, and
@@ -92,7 +92,7 @@ impl<S: Store> LeaseGuard<S> {
     /// does not hold the client back: the recording is retried in the background until
     /// the lease would end (SPEC §5).
     pub(crate) async fn complete(self, record: Completed, ttl: Duration) -> Outcome {
-        let record = Arc::new(record);
+        let record = Arc::new(stamped(record, &self.lease));
         match self
             .state
             .store
@@ -148,6 +148,20 @@ pub(crate) enum Job {
         record: Arc<Completed>,
         ttl: Duration,
     },
+}
+
+/// `record` with the times the admin API reports (SPEC §13): its claim's, and now.
+/// Stamped once, before the first attempt, so that a repeated attempt writes the same
+/// bytes (and finds them landed).
+pub(crate) fn stamped(record: Completed, lease: &Lease) -> Completed {
+    Completed {
+        times: Some(Times {
+            claimed_ms: lease.claimed_at_ms,
+            // The store's clock may be ahead of the wall clock (a test's paused clock).
+            completed_ms: wall_clock_ms().max(lease.claimed_at_ms),
+        }),
+        ..record
+    }
 }
 
 enum Attempt {
@@ -261,6 +275,7 @@ mod tests {
         Lease {
             key: ScopedKey::from_bytes([7; 32]),
             token: OwnerToken::random(),
+            claimed_at_ms: 0,
         }
     }
 
@@ -280,6 +295,7 @@ mod tests {
                 status: http::StatusCode::OK,
                 headers: vec![],
                 body: crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
+                times: None,
             }),
             ttl: Duration::from_secs(60),
         }
