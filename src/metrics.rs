@@ -174,6 +174,8 @@ pub struct Metrics {
     records_lost: Counter,
     /// SIGHUP reloads: `[ok, error]`.
     reloads: [Counter; 2],
+    /// Keys removed through the admin API (SPEC §13).
+    admin_purges: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -260,10 +262,17 @@ impl Metrics {
             "Configuration reloads (SIGHUP) by result; an error leaves the running configuration in force",
             reloads_family,
         );
+        let admin_purges = Counter::default();
+        registry.register(
+            "idemgate_admin_purges",
+            "Records and markers removed through the admin API (DELETE /keys/{id})",
+            admin_purges.clone(),
+        );
         Self {
             registry,
             requests,
             reloads,
+            admin_purges,
             store_ops,
             upstream,
             in_flight,
@@ -327,6 +336,16 @@ impl Metrics {
     pub fn count_reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
         self.wake();
+    }
+
+    /// Counts a purge through the admin API (SPEC §13).
+    pub fn count_purge(&self) {
+        self.admin_purges.inc();
+        self.wake();
+    }
+
+    pub fn purges(&self) -> u64 {
+        self.admin_purges.get()
     }
 
     /// Reloads so far: `(ok, error)`.

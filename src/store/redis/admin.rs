@@ -25,11 +25,11 @@ impl RedisStore {
         match reply {
             Value::Array(items) if items.is_empty() => Ok(None),
             Value::Array(items) => match items.as_slice() {
-                [Value::BulkString(value), Value::Int(pttl)] => Ok(Some(Inspection {
+                [Value::BulkString(value), Value::Int(at)] => Ok(Some(Inspection {
                     record: decode(value)?,
                     // Every record is written with a ttl; one without (-1) is reported
                     // as expiring now rather than never.
-                    expires_at_ms: now + u64::try_from(*pttl).unwrap_or(0),
+                    expires_at_ms: u64::try_from(*at).unwrap_or(now),
                     now_ms: now,
                 })),
                 _ => Err(StoreError::Protocol(
