@@ -14,7 +14,7 @@ use crate::error::{ProxyError, UnknownCause};
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
 };
-use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch, wall_clock_ms};
+use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
 
 /// How a claim ended, short of an error.
 #[derive(Debug)]
@@ -118,6 +118,7 @@ async fn take_over<S: Store>(
                         record: Arc::new(stamped(
                             abandoned_record(&state.config.errors, claim.fingerprint),
                             &lease,
+                            lease.claimed_at_ms,
                         )),
                         lease,
                         ttl: claim.ttl,
@@ -150,7 +151,7 @@ fn orphaned<S: Store>(
     job: impl FnOnce(Lease) -> Job,
 ) {
     // The claim's own time is unknown (its call timed out): now is close to it.
-    let lease = claim.lease(wall_clock_ms());
+    let lease = claim.lease(state.store.clock_ms());
     in_background(state, job(lease), Instant::now() + policy.lease);
 }
 

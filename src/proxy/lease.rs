@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::AppState;
 use crate::idempotency::{Completed, Times};
 use crate::metrics::Outcome;
-use crate::store::{Fenced, Lease, Store, StoreError, wall_clock_ms};
+use crate::store::{Fenced, Lease, Store, StoreError};
 
 /// How many background retries may run at once, across all keys. Past it a retry is
 /// given up at once: during a long store outage the proxy's memory stays bounded, and
@@ -92,7 +92,8 @@ impl<S: Store> LeaseGuard<S> {
     /// does not hold the client back: the recording is retried in the background until
     /// the lease would end (SPEC §5).
     pub(crate) async fn complete(self, record: Completed, ttl: Duration) -> Outcome {
-        let record = Arc::new(stamped(record, &self.lease));
+        let now = self.state.store.clock_ms();
+        let record = Arc::new(stamped(record, &self.lease, now));
         match self
             .state
             .store
@@ -150,15 +151,15 @@ pub(crate) enum Job {
     },
 }
 
-/// `record` with the times the admin API reports (SPEC §13): its claim's, and now.
+/// `record` with the times the admin API reports (SPEC §13): its claim's, and `now_ms`
+/// on the store's clock (which its expiry is counted on).
 /// Stamped once, before the first attempt, so that a repeated attempt writes the same
 /// bytes (and finds them landed).
-pub(crate) fn stamped(record: Completed, lease: &Lease) -> Completed {
+pub(crate) fn stamped(record: Completed, lease: &Lease, now_ms: u64) -> Completed {
     Completed {
         times: Some(Times {
             claimed_ms: lease.claimed_at_ms,
-            // The store's clock may be ahead of the wall clock (a test's paused clock).
-            completed_ms: wall_clock_ms().max(lease.claimed_at_ms),
+            completed_ms: now_ms.max(lease.claimed_at_ms),
         }),
         ..record
     }

@@ -388,6 +388,10 @@ impl<C: Clock> Store for FileStore<C> {
         Ok(watch::register(&self.watchers, key))
     }
 
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
         self.read_committed(&key, self.clock.now_ms())
     }

@@ -464,6 +464,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         Ok(())
     }
 
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
         let now = self.clock.now_ms();
         let inner = self.shard(&key);

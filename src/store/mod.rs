@@ -180,6 +180,12 @@ pub trait Store: Send + Sync + 'static {
     /// Cheap liveness check for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The clock the store judges leases and expiry by, in unix ms: what a completion is
+    /// stamped with, so that a record's times and its expiry agree.
+    fn clock_ms(&self) -> u64 {
+        wall_clock_ms()
+    }
+
     /// What is under `key`, unexpired, for the admin API. Reads only.
     fn inspect(
         &self,
@@ -252,6 +258,10 @@ impl<T: Store> Store for Arc<T> {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).ping()
+    }
+
+    fn clock_ms(&self) -> u64 {
+        (**self).clock_ms()
     }
 
     fn inspect(

@@ -132,6 +132,10 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
         self.around.around(StoreOp::Ping, self.inner.ping()).await
     }
 
+    fn clock_ms(&self) -> u64 {
+        self.inner.clock_ms()
+    }
+
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
         self.around
             .around(StoreOp::Inspect, self.inner.inspect(key))
