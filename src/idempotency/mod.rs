@@ -3,6 +3,7 @@
 //! deterministic given its inputs (time is passed in), so it is tested without sockets.
 
 pub mod body;
+mod canonical;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
