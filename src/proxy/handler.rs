@@ -301,8 +301,12 @@ async fn store_unavailable<S: Store>(
 ) -> Result<Reply, ProxyError> {
     match state.config.store.on_unavailable {
         // A memory store full of in-flight markers is working, not down: forwarding
-        // unguarded would let duplicates of those very requests through (SPEC §8).
-        _ if matches!(err, StoreError::Full) => Err(ProxyError::StoreUnavailable(err)),
+        // unguarded would let duplicates of those very requests through (SPEC §8). A
+        // record this version cannot read (a newer format, a damaged value) is still a
+        // record: the key is taken, and forwarding could execute it twice.
+        _ if matches!(err, StoreError::Full | StoreError::Corrupt(_)) => {
+            Err(ProxyError::StoreUnavailable(err))
+        }
         OnUnavailable::Reject => Err(ProxyError::StoreUnavailable(err)),
         OnUnavailable::PassThrough => {
             tracing::warn!(error = %err, "store unavailable: forwarding without idempotency");
