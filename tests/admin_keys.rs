@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, Method};
 use idemgate::config::Config;
 use idemgate::metrics::Outcome;
-use idemgate::store::{FileOptions, FileStore, RedisStore, Store};
+use idemgate::store::{RedisStore, Store};
 use support::bin::{Running, TempConfig, free_port};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, TestClient, Upstream};
@@ -246,14 +246,7 @@ async fn on_the_file_store() {
         up.url(),
         dir.path().join("store").display()
     );
-    let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
-    let store = FileStore::open(&FileOptions {
-        path: config.store.path.clone(),
-        fsync: config.store.fsync,
-        max_entries: config.store.max_entries,
-    })
-    .expect("open");
-    let proxy = Proxy::with_store(config, store).await;
+    let proxy = Proxy::file(Config::from_yaml_str(&yaml, &|_| None).expect("config")).await;
     inspect_purge_and_fence(proxy, &up).await;
 }
 
@@ -501,7 +494,7 @@ async fn a_record_from_before_times_were_kept_is_reported_and_purged() {
     );
     let proxy = Proxy::redis(&yaml, &up).await;
     let id = id_of(&proxy, "/charges", "old-key");
-    // A completed 201 with one header and the body `ok`, in format 1, under a
+    // A completed 201 with no headers and the body `ok`, in format 1, under a
     // fingerprint nobody's request has: enough to be reported, not replayed.
     let mut v1 = vec![1u8, 2];
     v1.extend([7; 32]);

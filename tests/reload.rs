@@ -169,16 +169,7 @@ async fn the_same_on_the_file_store() {
         "store:\n  kind: file\n  path: {}\n",
         dir.path().join("store").display()
     );
-    in_flight_finishes_under_its_policy(&store, async |config| {
-        let store = idemgate::store::FileStore::open(&idemgate::store::FileOptions {
-            path: config.store.path.clone(),
-            fsync: config.store.fsync,
-            max_entries: config.store.max_entries,
-        })
-        .expect("open");
-        Proxy::with_store(config, store).await
-    })
-    .await;
+    in_flight_finishes_under_its_policy(&store, Proxy::file).await;
 }
 
 #[tokio::test]

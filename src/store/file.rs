@@ -57,6 +57,17 @@ pub struct FileOptions {
     pub max_entries: usize,
 }
 
+impl FileOptions {
+    /// What `store` says, for `kind: file`.
+    pub fn from_config(store: &crate::config::StoreConfig) -> Self {
+        Self {
+            path: store.path.clone(),
+            fsync: store.fsync,
+            max_entries: store.max_entries,
+        }
+    }
+}
+
 /// The file store's gauges and counters, shared with its writer thread.
 #[derive(Debug, Clone)]
 pub(super) struct FileMetrics {
