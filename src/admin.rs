@@ -1,5 +1,8 @@
 //! The admin listener, never on the proxy port: `/healthz` (the process serves),
-//! `/readyz` (the store answers within `store.timeout`), `/metrics` (Prometheus).
+//! `/readyz` (the store answers within `store.timeout`), `/metrics` (Prometheus), and
+//! the key API `/keys/{id}` (`keys.rs`), the only part behind `admin.token`.
+
+mod keys;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,6 +20,7 @@ use tokio::time::Instant;
 use crate::metrics::Format;
 use crate::proxy::{AppState, HeadSeen, head_deadline};
 use crate::store::Store;
+use keys::Caller;
 
 /// `/readyz` asks the store at most this often; probes in between get the last answer.
 const READY_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -44,12 +48,20 @@ pub async fn serve_admin<S: Store>(
     shutdown: impl Future<Output = ()>,
 ) {
     let readiness = Arc::new(Readiness::default());
+    let local = match listener.local_addr() {
+        Ok(local) => local,
+        Err(err) => {
+            tracing::error!(error = %err, "admin listener has no address; not serving");
+            return;
+        }
+    };
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = crate::proxy::accept(&listener) => accepted,
             () = &mut shutdown => return,
         };
+        let caller = Caller { local, peer };
         let limit = state.config.listen_header_timeout;
         let state = Arc::clone(&state);
         let readiness = Arc::clone(&readiness);
@@ -60,7 +72,11 @@ pub async fn serve_admin<S: Store>(
                 seen.mark();
                 let state = Arc::clone(&state);
                 let readiness = Arc::clone(&readiness);
-                async move { Ok::<_, std::convert::Infallible>(answer(&state, &readiness, &req).await) }
+                async move {
+                    Ok::<_, std::convert::Infallible>(
+                        answer(&state, &readiness, &req, caller).await,
+                    )
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -81,7 +97,15 @@ async fn answer<S: Store>(
     state: &AppState<S>,
     readiness: &Readiness,
     req: &Request<Incoming>,
+    caller: Caller,
 ) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if let Some(id) = path.strip_prefix("/keys/") {
+        return keys::answer(state, req, id, caller).await;
+    }
+    if path == "/keys" {
+        return keys::answer(state, req, "", caller).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
@@ -106,7 +130,7 @@ async fn answer<S: Store>(
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /healthz, /readyz or /metrics\n",
+            "not found: try /healthz, /readyz, /metrics or /keys/{id}\n",
         ),
     }
 }

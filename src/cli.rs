@@ -266,11 +266,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
             Ok(run_with(listener, config, store, reload).await)
         }
         StoreKind::File => {
-            let store = FileStore::open(&FileOptions {
-                path: config.store.path.clone(),
-                fsync: config.store.fsync,
-                max_entries: config.store.max_entries,
-            })?;
+            let store = FileStore::open(&FileOptions::from_config(&config.store))?;
             tracing::info!(
                 path = %config.store.path.display(),
                 fsync = config.store.fsync,

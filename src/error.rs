@@ -83,6 +83,77 @@ pub(crate) enum ProxyError {
     StoreUnavailable(#[source] StoreError),
 }
 
+/// Why the admin key API (SPEC §13) refused or could not answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AdminError {
+    #[error("this endpoint needs the bearer token of admin.token")]
+    Unauthorized,
+    #[error("without admin.token, /keys answers only on a loopback admin.listen")]
+    Forbidden,
+    #[error("no record or in-flight marker under this id")]
+    KeyNotFound,
+    #[error(
+        "the request with this key is still in flight (its lease is live); add ?force=true to purge it anyway"
+    )]
+    InFlight,
+    #[error("/keys/{{id}} takes GET and DELETE")]
+    MethodNotAllowed,
+    #[error("the idempotency store is unavailable")]
+    StoreUnavailable(#[source] StoreError),
+}
+
+impl AdminError {
+    /// The admin API's own status table, exhaustive like [`ProxyError::problem`].
+    pub(crate) fn problem(&self) -> Problem {
+        use AdminError as E;
+        let (status, slug, title, retry_after) = match self {
+            E::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Admin token required",
+                None,
+            ),
+            E::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Admin key API not open here",
+                None,
+            ),
+            E::KeyNotFound => (
+                StatusCode::NOT_FOUND,
+                "key-not-found",
+                "Key not found",
+                None,
+            ),
+            E::InFlight => (
+                StatusCode::CONFLICT,
+                "in-flight",
+                "Request still in flight",
+                None,
+            ),
+            E::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                None,
+            ),
+            E::StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                Some(STORE_RETRY_AFTER),
+            ),
+        };
+        Problem {
+            status,
+            slug,
+            title,
+            detail: format!("{}.", capitalised(&self.to_string())),
+            retry_after,
+        }
+    }
+}
+
 impl From<Rejection> for ProxyError {
     fn from(r: Rejection) -> Self {
         match r {

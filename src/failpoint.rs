@@ -1,7 +1,9 @@
 //! Named crash points for the fault suite. Built only with the `failpoints` feature;
 //! without it [`hit`] is an empty inline function. With the feature, setting
 //! `IDEMGATE_CRASH_AT=<name>` makes the process abort at that point, which to the rest of
-//! the system looks like a SIGKILL at an exact moment.
+//! the system looks like a SIGKILL at an exact moment; `<name>@<n>` aborts on its n-th
+//! hit instead of the first (e.g. `during-flush@2`: a request's second flush, its
+//! record's).
 
 /// After the claim was acquired, before the request is forwarded.
 pub(crate) const AFTER_CLAIM: &str = "after-claim";
@@ -15,9 +17,20 @@ pub(crate) const DURING_FLUSH: &str = "during-flush";
 
 #[cfg(feature = "failpoints")]
 pub(crate) fn hit(name: &'static str) {
-    static CRASH_AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let armed = CRASH_AT.get_or_init(|| std::env::var("IDEMGATE_CRASH_AT").ok());
-    if armed.as_deref() == Some(name) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CRASH_AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let armed = CRASH_AT.get_or_init(|| {
+        let spec = std::env::var("IDEMGATE_CRASH_AT").ok()?;
+        Some(match spec.split_once('@') {
+            Some((point, nth)) => (point.to_owned(), nth.parse().unwrap_or(1)),
+            None => (spec, 1),
+        })
+    });
+    if let Some((point, nth)) = armed
+        && point == name
+        && HITS.fetch_add(1, Ordering::SeqCst) + 1 >= *nth
+    {
         tracing::error!(failpoint = name, "crash point reached: aborting");
         std::process::abort();
     }

@@ -101,10 +101,12 @@ pub enum StoreOp {
     TakeOver,
     Watch,
     Ping,
+    Inspect,
+    Purge,
 }
 
 impl StoreOp {
-    pub const ALL: [StoreOp; 7] = [
+    pub const ALL: [StoreOp; 9] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Release,
@@ -112,6 +114,8 @@ impl StoreOp {
         StoreOp::TakeOver,
         StoreOp::Watch,
         StoreOp::Ping,
+        StoreOp::Inspect,
+        StoreOp::Purge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,6 +127,8 @@ impl StoreOp {
             StoreOp::TakeOver => "take_over",
             StoreOp::Watch => "watch",
             StoreOp::Ping => "ping",
+            StoreOp::Inspect => "inspect",
+            StoreOp::Purge => "purge",
         }
     }
 }
@@ -170,6 +176,8 @@ pub struct Metrics {
     reloads: [Counter; 2],
     /// Records fewer replicas acknowledged than `store.min_replicas` asks (SPEC §14).
     replication_shortfall: Counter,
+    /// Keys removed through the admin API (SPEC §13).
+    admin_purges: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -262,11 +270,18 @@ impl Metrics {
             "Records that fewer Redis replicas acknowledged than store.min_replicas within store.timeout: answered, but a failover may lose them",
             replication_shortfall.clone(),
         );
+        let admin_purges = Counter::default();
+        registry.register(
+            "idemgate_admin_purges",
+            "Records and markers removed through the admin API (DELETE /keys/{id})",
+            admin_purges.clone(),
+        );
         Self {
             registry,
             requests,
             replication_shortfall,
             reloads,
+            admin_purges,
             store_ops,
             upstream,
             in_flight,
@@ -330,6 +345,16 @@ impl Metrics {
     pub fn count_reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
         self.wake();
+    }
+
+    /// Counts a purge through the admin API (SPEC §13).
+    pub fn count_purge(&self) {
+        self.admin_purges.inc();
+        self.wake();
+    }
+
+    pub fn purges(&self) -> u64 {
+        self.admin_purges.get()
     }
 
     /// Reloads so far: `(ok, error)`.

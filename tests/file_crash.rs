@@ -182,6 +182,37 @@ async fn killed_during_the_claims_flush_the_key_executes_at_most_once() {
     }
 }
 
+/// The record's commit is being flushed when the process dies (the second flush of the
+/// only request: the first was its claim's). The upstream executed it; after the restart
+/// the retry replays the record if it made it to disk, or finds the marker and, once the
+/// lease has ended, gets `outcome-unknown`. Never a second execution.
+#[tokio::test]
+async fn killed_during_the_records_flush_the_key_is_never_executed_again() {
+    for fsync in [true, false] {
+        let crashed = crash("during-flush@2", fsync).await;
+        assert_eq!(
+            crashed.up.count(),
+            1,
+            "killed after forwarding, while recording"
+        );
+        let (_proxy, c) = crashed.restart().await;
+        crashed.after_the_lease().await;
+        let retry = c.post("/charges", "k", "{}").await;
+        match retry.status.as_u16() {
+            201 => {
+                assert!(retry.replayed(), "the record: {}", retry.text());
+                assert_eq!(retry.json()["execution"], 1);
+            }
+            502 => assert_eq!(retry.problem(), "outcome-unknown"),
+            other => panic!("fsync {fsync}: {other} {}", retry.text()),
+        }
+        let again = c.post("/charges", "k", "{}").await;
+        assert_eq!(again.status, retry.status);
+        assert!(again.replayed());
+        assert_eq!(crashed.up.count(), 1, "fsync {fsync}: executed twice");
+    }
+}
+
 /// Rounds of concurrent requests (fresh keys and keys of earlier rounds) against a
 /// proxy that is killed at a random moment, or aborts at a random crash point; all on
 /// one store directory. Afterwards every key resolves to a recorded answer, and no key
@@ -190,12 +221,14 @@ async fn killed_during_the_claims_flush_the_key_executes_at_most_once() {
 async fn a_randomized_crash_loop_never_executes_a_key_twice() {
     const ROUNDS: usize = 10;
     const REQUESTS: usize = 16;
-    const POINTS: [&str; 5] = [
+    const POINTS: [&str; 7] = [
         "",
         "after-claim",
         "after-forward",
         "after-record",
         "during-flush",
+        "during-flush@2",
+        "during-flush@5",
     ];
     let seed = fastrand::u64(..);
     let mut rng = fastrand::Rng::with_seed(seed);

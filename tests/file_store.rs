@@ -222,7 +222,6 @@ async fn a_path_that_cannot_be_created_exits_1_and_check_reports_it() {
 #[tokio::test]
 async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
     use idemgate::config::Config;
-    use idemgate::store::{FileOptions, FileStore};
 
     let up = Upstream::start().await;
     let tmp = tempfile::tempdir().expect("temp dir");
@@ -231,14 +230,8 @@ async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
         up.url(),
         store_dir(&tmp).display()
     );
-    let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
-    let store = FileStore::open(&FileOptions {
-        path: config.store.path.clone(),
-        fsync: config.store.fsync,
-        max_entries: config.store.max_entries,
-    })
-    .expect("open");
-    let proxy = support::Proxy::with_store(config, store).await;
+    let proxy =
+        support::Proxy::file(Config::from_yaml_str(&yaml, &|_| None).expect("config")).await;
     let c = proxy.client();
     let first = c.spawn_post("/gate/charges", "w", "{}");
     up.wait_for(1).await;

@@ -168,6 +168,7 @@ async fn a_completed_key_replays_its_record_and_another_body_is_422() {
             http::HeaderValue::from_static("application/json"),
         )],
         body: StoredBody::Stored(Bytes::from_static(b"{\"charge\":1}")),
+        times: None,
     };
     let done = state
         .store

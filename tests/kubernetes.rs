@@ -1,157 +1,74 @@
-//! The Kubernetes sidecar example of `deploy/kubernetes/` (issue 15): every manifest is
-//! valid against the Kubernetes schemas, the ConfigMap's configuration passes
-//! `idemgate --check` with exactly the environment the container gets, and the
-//! Deployment, Service and config agree on ports, paths and shutdown timing.
+//! The Kubernetes sidecar examples of `deploy/kubernetes/` (issue 15): the Redis variant
+//! in that directory and the file-store variant in `file-store/` below it. Every
+//! manifest is valid against the Kubernetes schemas; each ConfigMap's configuration
+//! passes `idemgate --check` with exactly the environment the container gets, its
+//! credentials coming from the Secret only; and each Deployment, Service and config agree
+//! on ports, paths and shutdown timing. The file-store variant also keeps its one store
+//! to one pod.
 
 mod support;
 
-use std::collections::HashMap;
+#[path = "support/kube.rs"]
+mod kube;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemgate::config::{Config, StoreKind};
+use idemgate::config::StoreKind;
+use kube::{
+    Example, claim_mount, container, image_user, pod, pre_stop_sleep, quantity, seq, str_of,
+    strings, yaml_files,
+};
 use serde_yaml::Value;
 use support::bin::{TempConfig, idemgate, run};
 
 /// The oldest and the newest Kubernetes whose schemas `kubernetes-validate` ships that
-/// the example must work on.
+/// the examples must work on.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 
-fn dir() -> PathBuf {
+/// The environment variable, set from the Secret, that `admin.token` reads.
+const TOKEN_VAR: &str = "IDEMGATE_ADMIN_TOKEN";
+
+fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes")
 }
 
-fn manifests() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir())
+fn redis_variant() -> PathBuf {
+    root()
+}
+
+fn file_variant() -> PathBuf {
+    root().join("file-store")
+}
+
+/// Every example: `deploy/kubernetes/` and each directory below it, so that a new
+/// variant is validated and checked without being named here.
+fn examples() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root())
         .expect("deploy/kubernetes")
         .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|p| p.is_dir())
         .collect();
-    files.sort();
-    assert!(!files.is_empty());
-    files
-}
-
-/// Every document of every manifest, by kind.
-fn objects() -> HashMap<String, Value> {
-    let mut out = HashMap::new();
-    for file in manifests() {
-        let text = std::fs::read_to_string(&file).expect("read manifest");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value: Value = serde::Deserialize::deserialize(doc).expect("YAML");
-            let kind = value["kind"].as_str().expect("kind").to_owned();
-            assert!(out.insert(kind.clone(), value).is_none(), "one {kind}");
-        }
+    dirs.sort();
+    dirs.insert(0, root());
+    for dir in &dirs {
+        assert!(
+            !yaml_files(dir).is_empty(),
+            "{}: no manifest",
+            dir.display()
+        );
     }
-    out
-}
-
-fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
-    v.as_str()
-        .unwrap_or_else(|| panic!("{what}: not a string: {v:?}"))
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
-        .map(|s| {
-            s.iter()
-                .filter_map(|x| x.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn container<'a>(deployment: &'a Value, name: &str) -> &'a Value {
-    deployment["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .expect("containers")
-        .iter()
-        .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-/// The environment the container gets: plain values and the Secret's entries.
-fn container_env(c: &Value, secret: &Value) -> Vec<(String, String)> {
-    let secret_name = str_of(&secret["metadata"]["name"], "Secret name");
-    c["env"]
-        .as_sequence()
-        .map(|env| {
-            env.iter()
-                .map(|e| {
-                    let name = str_of(&e["name"], "env name").to_owned();
-                    let value = match e.get("value") {
-                        Some(v) => str_of(v, "env value").to_owned(),
-                        None => {
-                            let r = &e["valueFrom"]["secretKeyRef"];
-                            assert_eq!(str_of(&r["name"], "secretKeyRef.name"), secret_name);
-                            let key = str_of(&r["key"], "secretKeyRef.key");
-                            str_of(&secret["stringData"][key], "Secret entry").to_owned()
-                        }
-                    };
-                    (name, value)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The ConfigMap's file that the idemgate container's command reads, and its text.
-fn mounted_config(deployment: &Value, configmap: &Value) -> (String, String) {
-    let c = container(deployment, "idemgate");
-    let command = strings(&c["command"]);
-    let path = command
-        .iter()
-        .skip_while(|a| *a != "--config")
-        .nth(1)
-        .expect("--config PATH")
-        .clone();
-    let cm_name = str_of(&configmap["metadata"]["name"], "ConfigMap name");
-    let volume = deployment["spec"]["template"]["spec"]["volumes"]
-        .as_sequence()
-        .expect("volumes")
-        .iter()
-        .find(|v| v["configMap"]["name"].as_str() == Some(cm_name))
-        .expect("a volume of the ConfigMap");
-    let mount = c["volumeMounts"]
-        .as_sequence()
-        .expect("volumeMounts")
-        .iter()
-        .find(|m| m["name"] == volume["name"])
-        .expect("the ConfigMap volume is mounted");
-    assert_eq!(mount["readOnly"].as_bool(), Some(true));
-    let key = path
-        .strip_prefix(&format!("{}/", str_of(&mount["mountPath"], "mountPath")))
-        .expect("--config PATH is in the ConfigMap's mount");
-    let text = str_of(&configmap["data"][key], "ConfigMap entry").to_owned();
-    (path, text)
-}
-
-/// `64Mi` and friends in bytes.
-fn quantity(q: &str) -> u64 {
-    let (digits, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
-    let n: u64 = digits.parse().expect("quantity digits");
-    n * match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        other => panic!("unit {other}"),
-    }
-}
-
-/// `["sleep", "N"]` of a preStop hook, in seconds.
-fn pre_stop_sleep(c: &Value) -> u64 {
-    let cmd = strings(&c["lifecycle"]["preStop"]["exec"]["command"]);
-    assert_eq!(cmd.first().map(String::as_str), Some("sleep"), "{cmd:?}");
-    cmd[1].parse().expect("seconds")
+    assert!(dirs.contains(&file_variant()), "{dirs:?}");
+    dirs
 }
 
 #[test]
 fn every_manifest_passes_the_kubernetes_schemas() {
+    let files: Vec<PathBuf> = examples().iter().flat_map(|d| yaml_files(d)).collect();
     for version in KUBERNETES_VERSIONS {
         let out = std::process::Command::new("kubernetes-validate")
             .args(["--strict", "--quiet", "--kubernetes-version", version])
-            .args(manifests())
+            .args(&files)
             .output()
             .unwrap_or_else(|e| {
                 panic!("kubernetes-validate: {e}; scripts/test.sh installs it (pip install kubernetes-validate)")
@@ -166,57 +83,98 @@ fn every_manifest_passes_the_kubernetes_schemas() {
 }
 
 #[tokio::test]
-async fn the_configmap_config_passes_check_with_the_environment_the_container_gets() {
-    let objects = objects();
-    let deployment = &objects["Deployment"];
-    let (_, text) = mounted_config(deployment, &objects["ConfigMap"]);
-    let env = container_env(container(deployment, "idemgate"), &objects["Secret"]);
-    let file = TempConfig::new(&text);
-    // Only the container's environment: a ${VAR} it lacks must fail here too.
-    let out = run(idemgate()
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .arg("--config")
-        .arg(file.path())
-        .arg("--check"))
-    .await;
-    assert_eq!(out.code(), Some(0), "idemgate --check: {}", out.stderr);
-    assert!(
-        out.stdout.lines().any(|l| l == "  kind: redis"),
-        "{}",
-        out.stdout
-    );
+async fn every_configmap_config_passes_check_with_the_environment_the_container_gets() {
+    for dir in examples() {
+        let example = Example::load(&dir);
+        // A file store's path is the mounted volume, which does not exist here: a fresh
+        // directory stands in for it (an empty claim), so --check tests that it is
+        // writable the way it would in the pod.
+        let volume = tempfile::tempdir().expect("temp dir");
+        let text = if example.config.store.kind == StoreKind::File {
+            let line = format!("path: {}", example.config.store.path.display());
+            assert_eq!(example.text.matches(&line).count(), 1, "{line}");
+            example
+                .text
+                .replace(&line, &format!("path: {}", volume.path().display()))
+        } else {
+            example.text.clone()
+        };
+        let file = TempConfig::new(&text);
+        // Only the container's environment: a ${VAR} it lacks must fail here too.
+        let out = run(idemgate()
+            .env_clear()
+            .envs(example.env.iter().map(|(k, v)| (k, v)))
+            .arg("--config")
+            .arg(file.path())
+            .arg("--check"))
+        .await;
+        let at = dir.display();
+        assert_eq!(
+            out.code(),
+            Some(0),
+            "{at}: idemgate --check: {}",
+            out.stderr
+        );
+        // The token is shown as set, never printed; nor is any other Secret value.
+        assert!(
+            out.stdout.lines().any(|l| l == "  token: '***'"),
+            "{at}: {}",
+            out.stdout
+        );
+        for value in example.secret_values() {
+            assert!(
+                !out.stdout.contains(value) && !out.stderr.contains(value),
+                "{at}: --check printed a Secret value"
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(volume.path()).expect("volume").count(),
+            0,
+            "{at}: --check leaves nothing in the store's directory"
+        );
+    }
 }
 
-#[test]
-fn the_deployment_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down() {
-    let objects = objects();
-    let (deployment, service, secret) = (
-        &objects["Deployment"],
-        &objects["Service"],
-        &objects["Secret"],
-    );
-    let (_, text) = mounted_config(deployment, &objects["ConfigMap"]);
-    let idemgate = container(deployment, "idemgate");
-    let app = container(deployment, "app");
-    let env: HashMap<String, String> = container_env(idemgate, secret).into_iter().collect();
-    let config = Config::from_yaml_str(&text, &|k| env.get(k).cloned()).expect("config loads");
+/// What both variants keep: the admin token comes from the Secret only; idemgate fronts the app, which listens on loopback; probes on the admin port; non-root,
+/// read-only root, no privileges, resources requested; the Service targets idemgate;
+/// idemgate drains before the app stops.
+fn assert_sidecar_in_front_of_the_app_and_locked_down(example: &Example) {
+    let (objects, config, text) = (&example.objects, &example.config, &example.text);
+    let (workload, service, secret) = (example.workload(), &objects["Service"], &objects["Secret"]);
+    let idemgate = container(workload, "idemgate");
+    let app = container(workload, "app");
+
+    // The admin token comes from the Secret, through the environment, and only from it.
+    let raw: Value = serde_yaml::from_str(text).expect("config YAML");
     assert_eq!(
-        config.store.kind,
-        StoreKind::Redis,
-        "replicas share one store"
+        raw["admin"]["token"].as_str(),
+        Some(format!("${{{TOKEN_VAR}}}").as_str()),
+        "admin.token is the Secret's, through ${{{TOKEN_VAR}}}"
     );
+    let token = str_of(&secret["stringData"][TOKEN_VAR], "the Secret's token");
+    assert!(!text.contains(token), "no literal token in the config");
+    let token_env = seq(&idemgate["env"], "env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some(TOKEN_VAR))
+        .expect("the token's env entry");
     assert!(
-        text.contains("${REDIS_URL}") && !text.contains("redis://"),
-        "the Redis URL and its password come from the Secret only"
+        token_env.get("value").is_none(),
+        "the token is not an env value"
+    );
+    assert_eq!(
+        token_env["valueFrom"]["secretKeyRef"]["key"].as_str(),
+        Some(TOKEN_VAR)
+    );
+    assert_eq!(
+        config.admin.token.as_ref().map(|t| t.expose()),
+        Some(token),
+        "/keys on a non-loopback admin listener answers 403 without a token"
     );
 
     // idemgate's ports are the ones its config listens on, on all interfaces; the app
     // listens on loopback only, where upstream.url points.
     let port = |name: &str| {
-        idemgate["ports"]
-            .as_sequence()
-            .expect("ports")
+        seq(&idemgate["ports"], "ports")
             .iter()
             .find(|p| p["name"].as_str() == Some(name))
             .and_then(|p| p["containerPort"].as_u64())
@@ -246,61 +204,43 @@ fn the_deployment_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down() {
         "the app is reachable only through idemgate"
     );
 
-    // Probes: liveness on /healthz, readiness on /readyz, both on the admin port.
-    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+    // Probes: liveness (and startup, if any) on /healthz, readiness on /readyz, on the
+    // admin port.
+    let mut probes = vec![("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")];
+    if idemgate.get("startupProbe").is_some() {
+        probes.push(("startupProbe", "/healthz"));
+    }
+    for (probe, path) in probes {
         let get = &idemgate[probe]["httpGet"];
         assert_eq!(get["path"].as_str(), Some(path), "{probe}");
         assert_eq!(get["port"].as_str(), Some("admin"), "{probe}");
     }
 
     // Non-root (the image's user), read-only root, no privileges, resources requested.
-    let pod = &deployment["spec"]["template"]["spec"];
-    assert_eq!(pod["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
-    let dockerfile =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile"))
-            .expect("Dockerfile");
-    let user = dockerfile
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("USER "))
-        .expect("USER");
-    assert_eq!(
-        format!(
-            "{}:{}",
-            pod["securityContext"]["runAsUser"]
-                .as_u64()
-                .expect("runAsUser"),
-            pod["securityContext"]["runAsGroup"]
-                .as_u64()
-                .expect("runAsGroup")
-        ),
-        user.trim()
-    );
+    let pod = pod(workload);
+    let sc = &pod["securityContext"];
+    assert_eq!(sc["runAsNonRoot"].as_bool(), Some(true));
+    let (uid, gid) = image_user();
+    assert_eq!(sc["runAsUser"].as_u64(), Some(uid), "the image's user");
+    assert_eq!(sc["runAsGroup"].as_u64(), Some(gid), "the image's group");
     for c in [idemgate, app] {
+        let name = &c["name"];
         let sc = &c["securityContext"];
         assert_eq!(
             sc["readOnlyRootFilesystem"].as_bool(),
             Some(true),
-            "{:?}",
-            c["name"]
+            "{name:?}"
         );
         assert_eq!(
             sc["allowPrivilegeEscalation"].as_bool(),
             Some(false),
-            "{:?}",
-            c["name"]
+            "{name:?}"
         );
-        assert_eq!(
-            strings(&sc["capabilities"]["drop"]),
-            ["ALL"],
-            "{:?}",
-            c["name"]
-        );
+        assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"], "{name:?}");
         for r in ["cpu", "memory"] {
             assert!(
                 c["resources"]["requests"][r].is_string(),
-                "{:?} requests {r}",
-                c["name"]
+                "{name:?} requests {r}"
             );
         }
     }
@@ -315,13 +255,11 @@ fn the_deployment_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down() {
     );
 
     // The Service selects these pods and targets idemgate's port, never the app's.
-    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let labels = &workload["spec"]["template"]["metadata"]["labels"];
     for (k, v) in service["spec"]["selector"].as_mapping().expect("selector") {
         assert_eq!(&labels[k.as_str().expect("label")], v);
     }
-    let targets: Vec<&Value> = service["spec"]["ports"]
-        .as_sequence()
-        .expect("ports")
+    let targets: Vec<&Value> = seq(&service["spec"]["ports"], "ports")
         .iter()
         .map(|p| &p["targetPort"])
         .collect();
@@ -343,5 +281,79 @@ fn the_deployment_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down() {
     assert!(
         app_stops < grace,
         "the grace period ends before the app is told to stop"
+    );
+}
+
+#[test]
+fn the_redis_variant_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down() {
+    let example = Example::load(&redis_variant());
+    assert_sidecar_in_front_of_the_app_and_locked_down(&example);
+    assert_eq!(
+        example.config.store.kind,
+        StoreKind::Redis,
+        "replicas share one store"
+    );
+    assert!(
+        example.text.contains("${REDIS_URL}") && !example.text.contains("redis://"),
+        "the Redis URL and its password come from the Secret only"
+    );
+}
+
+#[test]
+fn the_file_variant_keeps_its_one_store_to_one_pod() {
+    let example = Example::load(&file_variant());
+    assert_sidecar_in_front_of_the_app_and_locked_down(&example);
+    let (config, workload) = (&example.config, example.workload());
+    assert_eq!(config.store.kind, StoreKind::File);
+    assert!(
+        config.store.fsync,
+        "fsync: keys survive the node's power loss"
+    );
+
+    // The store's directory is the claim, mounted read-write; the claim attaches to one
+    // node at a time.
+    let idemgate = container(workload, "idemgate");
+    let (mount, claim) = claim_mount(&example, idemgate);
+    assert_eq!(
+        Path::new(str_of(&mount["mountPath"], "mountPath")),
+        config.store.path,
+        "store.path is the claim's mount"
+    );
+    assert_ne!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "the store is written"
+    );
+    let modes = strings(&claim["accessModes"]);
+    assert!(
+        !modes.is_empty()
+            && modes
+                .iter()
+                .all(|m| m == "ReadWriteOnce" || m == "ReadWriteOncePod"),
+        "{modes:?}"
+    );
+
+    // One pod: a retry on another pod would not find its key. An update stops the old
+    // pod (releasing the store's lock) before starting the new one.
+    assert_eq!(
+        workload["spec"]["replicas"].as_u64(),
+        Some(1),
+        "replicas: 1"
+    );
+    if workload["kind"].as_str() == Some("Deployment") {
+        assert_eq!(
+            workload["spec"]["strategy"]["type"].as_str(),
+            Some("Recreate"),
+            "a rolling update would start the new pod beside the old one"
+        );
+    }
+
+    // The volume is writable by the image's group; the root file system stays read-only
+    // (checked with the rest above), so the store writes only on the volume.
+    let (_, gid) = image_user();
+    assert_eq!(
+        pod(workload)["securityContext"]["fsGroup"].as_u64(),
+        Some(gid),
+        "fsGroup: the image's group"
     );
 }

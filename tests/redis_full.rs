@@ -52,6 +52,7 @@ fn response() -> Completed {
         status: StatusCode::CREATED,
         headers: Vec::new(),
         body: StoredBody::Stored(Bytes::from_static(b"{\"id\":1}")),
+        times: None,
     }
 }
 

@@ -90,3 +90,39 @@ async fn retries_answered_with_malformed_resp_never_reach_the_upstream() {
         assert_eq!(up.count(), 0, "{info:?}: the upstream was called");
     }
 }
+
+/// A record this version cannot read (a later format, a damaged value) under the key is
+/// still a record: the key is taken. Forwarding the request unguarded, as `pass_through`
+/// does when the store is down, could execute it twice, so it is refused instead.
+#[tokio::test]
+async fn a_record_that_cannot_be_read_is_never_forwarded_even_under_pass_through() {
+    let redis = support::redis::RedisServer::start().await;
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: redis\n  url: {}\n  on_unavailable: pass_through\n",
+        redis.url()
+    );
+    let proxy = Proxy::redis(&yaml, &up).await;
+    let id = idemgate::proxy::record_id(
+        &proxy.state.config,
+        &http::Method::POST,
+        "/charges",
+        &http::HeaderMap::new(),
+        "k-from-the-future",
+    )
+    .expect("guarded");
+    for value in ["\u{3}\u{2}a record of format 3", "\u{2}"] {
+        redis.cli(&["SET", &id, value, "PX", "60000"]);
+        let answer = proxy
+            .client()
+            .post("/charges", "k-from-the-future", "{}")
+            .await;
+        assert_eq!(answer.status, 503, "{}", answer.text());
+        assert_eq!(answer.problem(), "store-unavailable");
+        assert_eq!(up.count(), 0, "never forwarded");
+    }
+    // A key with nothing under it still follows on_unavailable when Redis is down: that
+    // is what pass_through is for.
+    let other = proxy.client().post("/charges", "k-fresh", "{}").await;
+    assert_eq!(other.status, 201);
+}

@@ -60,6 +60,7 @@ fn response() -> Arc<Completed> {
         status: StatusCode::CREATED,
         headers: Vec::new(),
         body: StoredBody::Stored(Bytes::from_static(b"{}")),
+        times: None,
     })
 }
 

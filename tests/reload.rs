@@ -109,21 +109,36 @@ async fn a_refused_or_invalid_file_leaves_the_running_configuration_in_force() {
 }
 
 /// A request in flight during a reload is released or recorded as its own policy says:
-/// here the old policy releases a 201 and the new one records it.
-#[tokio::test]
-async fn a_request_in_flight_finishes_under_the_policy_it_started_with() {
+/// here the old policy releases a 201 and the new one records it. `store` is the YAML
+/// of the store section, the same in both files (a change to it would be refused); the
+/// proxy is made from the first file by `start`.
+async fn in_flight_finishes_under_its_policy<S: idemgate::store::Store>(
+    store: &str,
+    start: impl AsyncFnOnce(Config) -> Proxy<S>,
+) {
     let up = Upstream::start().await;
     let releasing = format!(
-        "upstream:\n  url: {}\nidempotency:\n  release_statuses: [201]\n",
+        "upstream:\n  url: {}\n{store}idempotency:\n  release_statuses: [201]\n",
         up.url()
     );
     let file = TempConfig::new(&releasing);
-    let proxy = proxy_from(&file).await;
+    let proxy = start(Config::from_file(file.path()).expect("valid config")).await;
     let c = proxy.client();
     let held = c.spawn_post("/gate/charges", "k1", "{}");
     up.wait_for(1).await;
-    write(&file, &format!("upstream:\n  url: {}\n", up.url()));
+    write(&file, &format!("upstream:\n  url: {}\n{store}", up.url()));
     reload(&proxy.state, file.path(), None, &no_level).expect("reloads");
+    // A store change is refused, whatever the kind.
+    write(
+        &file,
+        &format!(
+            "upstream:\n  url: {}\n{store}idempotency:\n  required: true\n",
+            up.url()
+        )
+        .replace("store:\n", "store:\n  key_prefix: 'other:'\n"),
+    );
+    let err = reload(&proxy.state, file.path(), None, &no_level).expect_err("store");
+    assert!(matches!(err, ReloadError::NeedsRestart("store")), "{err}");
     up.open_gate();
     let first = held.await.expect("task");
     assert_eq!(first.status, 201);
@@ -135,7 +150,39 @@ async fn a_request_in_flight_finishes_under_the_policy_it_started_with() {
     let again = c.post("/gate/charges", "k1", "{}").await;
     assert!(again.replayed());
     assert_eq!(up.count(), 2);
+    assert_eq!(proxy.state.metrics.reloads(), (1, 1));
     proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_in_flight_finishes_under_the_policy_it_started_with() {
+    in_flight_finishes_under_its_policy("store:\n  kind: memory\n", async |config| {
+        Proxy::with_config(config).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_same_on_the_file_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!(
+        "store:\n  kind: file\n  path: {}\n",
+        dir.path().join("store").display()
+    );
+    in_flight_finishes_under_its_policy(&store, Proxy::file).await;
+}
+
+#[tokio::test]
+async fn the_same_on_redis() {
+    let redis = support::redis::RedisServer::start().await;
+    let store = format!("store:\n  kind: redis\n  url: {}\n", redis.url());
+    in_flight_finishes_under_its_policy(&store, async |config| {
+        let store = std::sync::Arc::new(
+            idemgate::store::RedisStore::new(&config.store).expect("redis store"),
+        );
+        Proxy::with_store(config, store).await
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use http::StatusCode;
 use idemgate::idempotency::{
     Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey, StoredBody,
 };
-use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Store};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Store};
 
 /// A store under test plus control over the time it sees.
 trait Harness {
@@ -104,6 +104,7 @@ fn response(body: &'static [u8]) -> Arc<Completed> {
             http::HeaderValue::from_static("application/json"),
         )],
         body: StoredBody::Stored(Bytes::from_static(body)),
+        times: None,
     })
 }
 
@@ -165,6 +166,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
     let thief = Lease {
         key: lease.key,
         token: OwnerToken::random(),
+        claimed_at_ms: 0,
     };
     assert_eq!(h.complete(&thief, b"x").await, Fenced::LeaseLost);
     assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
@@ -177,6 +179,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
     let nobody = Lease {
         key: key(9),
         token: OwnerToken::random(),
+        claimed_at_ms: 0,
     };
     assert_eq!(
         s.release(&nobody).await.expect("release"),
@@ -325,6 +328,90 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
     );
 }
 
+async fn inspect_reports_what_is_there_until_it_expires<H: Harness>(h: H) {
+    let s = h.store();
+    assert_eq!(s.inspect(key(1)).await.expect("inspect"), None);
+    let lease = h.acquire(1).await;
+    let seen = s.inspect(key(1)).await.expect("inspect").expect("a marker");
+    let Record::InFlight(m) = &seen.record else {
+        panic!("expected the marker, got {:?}", seen.record)
+    };
+    assert_eq!(m.token, lease.token);
+    assert_eq!(m.claimed_at_ms, Some(lease.claimed_at_ms));
+    assert!(lease.claimed_at_ms <= seen.now_ms && seen.now_ms < m.lease_deadline_ms);
+    assert!(seen.expires_at_ms >= m.lease_deadline_ms, "{seen:?}");
+    assert_eq!(h.complete(&lease, b"done").await, Fenced::Done);
+    let seen = s
+        .inspect(key(1))
+        .await
+        .expect("inspect")
+        .expect("the record");
+    assert_eq!(seen.record, Record::Completed(response(b"done")));
+    let ttl = u64::try_from(h.ttl().as_millis()).expect("small");
+    assert!(
+        seen.expires_at_ms > seen.now_ms && seen.expires_at_ms <= seen.now_ms + ttl,
+        "expires within the ttl: {seen:?}"
+    );
+    // Reading changes nothing.
+    assert_eq!(h.existing(1).await, Record::Completed(response(b"done")));
+    h.advance(h.ttl() + h.ttl() / 5).await;
+    assert_eq!(s.inspect(key(1)).await.expect("inspect"), None);
+}
+
+async fn purge_never_removes_a_live_marker_unless_forced<H: Harness>(h: H) {
+    let s = h.store();
+    assert_eq!(s.purge(key(1), false).await.expect("purge"), Purged::Absent);
+    assert_eq!(s.purge(key(1), true).await.expect("purge"), Purged::Absent);
+    let first = h.acquire(1).await;
+    assert_eq!(
+        s.purge(key(1), false).await.expect("purge"),
+        Purged::LiveLease
+    );
+    assert!(matches!(h.existing(1).await, Record::InFlight(m) if m.token == first.token));
+    match s.purge(key(1), true).await.expect("purge") {
+        Purged::Removed(Record::InFlight(m)) => assert_eq!(m.token, first.token),
+        other => panic!("expected the marker removed, got {other:?}"),
+    }
+    // The key executes again, and the purged owner is fenced off that new claim.
+    let second = h.acquire(1).await;
+    assert_eq!(h.complete(&first, b"late").await, Fenced::LeaseLost);
+    assert_eq!(
+        s.renew(&first, h.lease()).await.expect("renew"),
+        Fenced::LeaseLost
+    );
+    assert_eq!(h.complete(&second, b"new").await, Fenced::Done);
+    assert_eq!(h.existing(1).await, Record::Completed(response(b"new")));
+}
+
+async fn purge_removes_records_and_markers_whose_lease_ended<H: Harness>(h: H) {
+    use idemgate::store::Watch;
+    let s = h.store();
+    let lease = h.acquire(1).await;
+    assert_eq!(h.complete(&lease, b"done").await, Fenced::Done);
+    let w = s.watch(key(1)).await.expect("watch");
+    assert_eq!(
+        s.purge(key(1), false).await.expect("purge"),
+        Purged::Removed(Record::Completed(response(b"done")))
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), w.changed())
+            .await
+            .is_ok(),
+        "a purge wakes watchers"
+    );
+    assert_eq!(s.inspect(key(1)).await.expect("inspect"), None);
+    assert_eq!(s.purge(key(1), false).await.expect("purge"), Purged::Absent);
+    let _again = h.acquire(1).await;
+
+    let crashed = h.acquire(2).await;
+    h.advance(h.lease() + h.lease() / 5).await;
+    match s.purge(key(2), false).await.expect("purge") {
+        Purged::Removed(Record::InFlight(m)) => assert_eq!(m.token, crashed.token),
+        other => panic!("expected the ended marker removed, got {other:?}"),
+    }
+    let _next = h.acquire(2).await;
+}
+
 macro_rules! contract {
     ($store:ident, $harness:expr, $test:meta) => {
         mod $store {
@@ -342,6 +429,9 @@ macro_rules! contract {
                 abandoned_markers_expire_after_ttl,
                 late_owner_cannot_overwrite_a_newer_claim,
                 watchers_wake_on_complete_release_and_take_over,
+                inspect_reports_what_is_there_until_it_expires,
+                purge_never_removes_a_live_marker_unless_forced,
+                purge_removes_records_and_markers_whose_lease_ended,
             );
         }
     };

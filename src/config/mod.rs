@@ -143,6 +143,29 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
+    /// The bearer token `/keys` requires (SPEC §13); without one, `/keys` answers only
+    /// on a loopback `listen`.
+    pub token: Option<AdminToken>,
+}
+
+/// `admin.token`: a credential, so never printed (`Debug` and `--check` show `***`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(***)")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -101,12 +101,13 @@ pub(super) struct RawStore {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with listen")]
+#[serde(deny_unknown_fields, expecting = "a mapping with listen and token")]
 pub(super) struct RawAdmin {
     /// Outer `None`: key absent (default address); `Some(None)`: `listen: null`, which
     /// disables the admin server.
     #[serde(default, deserialize_with = "present")]
     pub(super) listen: Option<Option<Addr>>,
+    pub(super) token: Option<String>,
 }
 
 /// Marks a key as present even when its value is `null`.

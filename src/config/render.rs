@@ -71,6 +71,13 @@ pub(super) fn to_yaml(config: &Config) -> String {
         .listen
         .map_or(Value::Null, |addr| addr.to_string().into());
     put(&mut admin, "listen", listen);
+    // A credential: shown as set, never printed.
+    let token = config
+        .admin
+        .token
+        .as_ref()
+        .map_or(Value::Null, |_| "***".into());
+    put(&mut admin, "token", token);
     put(&mut root, "admin", admin);
 
     put(&mut root, "log", config.log.to_mapping());

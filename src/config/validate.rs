@@ -4,12 +4,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use super::policy::RawRoute;
-use super::raw::{RawConfig, RawStore};
+use super::raw::{RawAdmin, RawConfig, RawStore};
 use super::units;
 use super::values::Raw;
 use super::{
-    AdminConfig, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy, Route,
-    RouteMatch, StoreConfig, StoreKind, UpstreamConfig, redact_url,
+    AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
+    Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, redact_url,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::source::KeySource;
@@ -34,12 +34,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
         store: build_store(raw.store.unwrap_or_default())?,
         idempotency,
         routes,
-        admin: AdminConfig {
-            listen: match raw.admin.unwrap_or_default().listen {
-                None => Some(DEFAULT_ADMIN),
-                Some(listen) => listen.map(|addr| addr.0),
-            },
-        },
+        admin: build_admin(raw.admin.unwrap_or_default())?,
         log: raw.log.unwrap_or_default().typed(),
         shutdown_timeout: raw
             .shutdown_timeout
@@ -159,6 +154,32 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         fsync: raw.fsync.is_none_or(|f| f.0),
         sentinel,
         min_replicas,
+    })
+}
+
+fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
+    let token = match raw.token {
+        None => None,
+        Some(token) if token.trim().is_empty() => {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "must not be empty (leave it out to allow /keys on a loopback listen only)",
+            ));
+        }
+        Some(token) if token.chars().any(|c| !c.is_ascii_graphic()) => {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "must be visible ASCII without spaces (it is sent as a bearer token)",
+            ));
+        }
+        Some(token) => Some(AdminToken::new(token)),
+    };
+    Ok(AdminConfig {
+        listen: match raw.listen {
+            None => Some(DEFAULT_ADMIN),
+            Some(listen) => listen.map(|addr| addr.0),
+        },
+        token,
     })
 }
 

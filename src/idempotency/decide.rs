@@ -103,6 +103,7 @@ mod tests {
             status: StatusCode::OK,
             headers: vec![],
             body,
+            times: None,
         }))
     }
 
@@ -111,6 +112,7 @@ mod tests {
             fingerprint: FP,
             token: OwnerToken::from_bytes([5; 16]),
             lease_deadline_ms: deadline,
+            claimed_at_ms: None,
         })
     }
 

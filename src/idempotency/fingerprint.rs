@@ -129,7 +129,10 @@ fn canonical_json(value: Option<Value>, ignore: &[JsonPointer]) -> Option<Vec<u8
     if !numbers_are_exact(&value) {
         return None;
     }
-    serde_jcs::to_vec(&value).ok()
+    // Room for a typical API body's canonical form in one allocation; it grows for more.
+    let mut out = Vec::with_capacity(256);
+    super::canonical::write(&value, &mut out);
+    Some(out)
 }
 
 fn numbers_are_exact(value: &Value) -> bool {

@@ -200,6 +200,25 @@ impl ScopedKey {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The key printed by [`to_hex`](Self::to_hex), either case; `None` for anything
+    /// that is not exactly 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let text = text.as_bytes();
+        if text.len() != 64 {
+            return None;
+        }
+        let digit = |c: u8| {
+            char::from(c)
+                .to_digit(16)
+                .and_then(|d| u8::try_from(d).ok())
+        };
+        let mut bytes = [0u8; 32];
+        for (byte, pair) in bytes.iter_mut().zip(text.chunks_exact(2)) {
+            *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(Self(bytes))
+    }
 }
 
 impl std::fmt::Debug for ScopedKey {
@@ -517,10 +536,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_record_id_reads_back_in_either_case_and_nothing_else_does() {
+        let key = ScopedKey::from_bytes(*b"\x00\x01\xab\xcd\xef0123456789abcdefghijklmnopq");
+        assert_eq!(ScopedKey::from_hex(&key.to_hex()), Some(key));
+        assert_eq!(ScopedKey::from_hex(&key.to_hex().to_uppercase()), Some(key));
+        for bad in [
+            "",
+            "00",
+            &"0".repeat(63),
+            &"0".repeat(65),
+            &format!("{}g", "0".repeat(63)),
+            &format!("{}+1", "0".repeat(62)),
+        ] {
+            assert_eq!(ScopedKey::from_hex(bad), None, "{bad}");
+        }
+    }
+
     proptest! {
         #[test]
         fn parsing_never_panics(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = parse_value(&raw);
+        }
+
+        #[test]
+        fn hex_ids_never_panic_and_round_trip(text in "\\PC{0,70}", bytes in any::<[u8; 32]>()) {
+            let _ = ScopedKey::from_hex(&text);
+            let key = ScopedKey::from_bytes(bytes);
+            prop_assert_eq!(ScopedKey::from_hex(&key.to_hex()), Some(key));
         }
 
         #[test]

@@ -3,6 +3,7 @@
 //! deterministic given its inputs (time is passed in), so it is tested without sockets.
 
 pub mod body;
+mod canonical;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
@@ -13,5 +14,5 @@ pub mod source;
 pub use decide::{AfterTakeOver, Decision, Rejection, decide};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, Scope, ScopedKey};
-pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody};
+pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody, Times};
 pub use source::{Found, KeySource, Offered};

@@ -1,15 +1,21 @@
 //! What a store keeps under a scoped key: an in-flight marker or a completed response.
 //!
 //! The wire encoding is compact and versioned so that a later format can be read side by
-//! side with this one. Layout of format 1 (all integers big-endian):
+//! side with this one. Layout (all integers big-endian):
 //!
 //! ```text
-//! [0] format = 1   [1] kind: 1 = in-flight, 2 = completed   [2..34] fingerprint
+//! [0] format: 1 or 2   [1] kind: 1 = in-flight, 2 = completed   [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
+//!             format 2 only: [58..66] claimed at, unix ms
 //! completed:  [34..36] status   [36] body: 0 = stored, 1 = too large to keep
-//!             [37..39] header count, then per header: u16 name len, name, u32 value len, value
-//!             then u32 body len, body (raw bytes)
+//!             format 2 only: [37..45] claimed at, [45..53] completed at, unix ms
+//!             then u16 header count, then per header: u16 name len, name, u32 value
+//!             len, value; then u32 body len, body (raw bytes)
 //! ```
+//!
+//! Format 2 adds the times the admin API reports (SPEC §13); records of format 1,
+//! written before it, still load, without them. A record is written in format 2 when
+//! it has its times, which every record made by this version has.
 //!
 //! The fixed offsets of the in-flight marker let the Redis store's Lua scripts check the
 //! owner token without decoding anything else.
@@ -23,9 +29,11 @@ use http::header::{HeaderName, HeaderValue};
 use super::Fingerprint;
 
 pub const FORMAT_V1: u8 = 1;
+/// Format 1 plus the record's times.
+pub const FORMAT_V2: u8 = 2;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
-/// Length of an encoded in-flight marker.
+/// Length of an encoded in-flight marker of format 1; format 2 adds 8 bytes.
 pub const IN_FLIGHT_LEN: usize = 58;
 /// Byte range of the owner token inside an encoded in-flight marker.
 pub const TOKEN_RANGE: std::ops::Range<usize> = 34..50;
@@ -62,6 +70,16 @@ pub struct InFlight {
     pub token: OwnerToken,
     /// Unix milliseconds, on the store's clock, after which the owner is presumed dead.
     pub lease_deadline_ms: u64,
+    /// When the claim was made, on the store's clock; `None` in a format 1 marker.
+    pub claimed_at_ms: Option<u64>,
+}
+
+/// When a completed record's claim was made and when its response was recorded, in
+/// Unix milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Times {
+    pub claimed_ms: u64,
+    pub completed_ms: u64,
 }
 
 /// The body of a recorded response.
@@ -80,6 +98,9 @@ pub struct Completed {
     pub status: StatusCode,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub body: StoredBody,
+    /// `None` in a format 1 record; set by the proxy before the first attempt to record
+    /// it, so that a repeated attempt writes the same bytes.
+    pub times: Option<Times>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,20 +125,20 @@ pub enum DecodeError {
 
 impl InFlight {
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN);
-        out.put_slice(&Self::head(&self.fingerprint, &self.token));
+        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN + 8);
+        out.put_u8(if self.claimed_at_ms.is_some() {
+            FORMAT_V2
+        } else {
+            FORMAT_V1
+        });
+        out.put_u8(KIND_IN_FLIGHT);
+        out.put_slice(self.fingerprint.as_bytes());
+        out.put_slice(self.token.as_bytes());
         out.put_u64(self.lease_deadline_ms);
+        if let Some(at) = self.claimed_at_ms {
+            out.put_u64(at);
+        }
         out.freeze()
-    }
-
-    /// A marker without its lease deadline, which a store fills in from its own clock.
-    pub fn head(fingerprint: &Fingerprint, token: &OwnerToken) -> [u8; IN_FLIGHT_LEN - 8] {
-        let mut head = [0u8; IN_FLIGHT_LEN - 8];
-        head[0] = FORMAT_V1;
-        head[1] = KIND_IN_FLIGHT;
-        head[2..34].copy_from_slice(fingerprint.as_bytes());
-        head[TOKEN_RANGE].copy_from_slice(token.as_bytes());
-        head
     }
 }
 
@@ -132,12 +153,20 @@ impl Completed {
             .iter()
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
-        let mut out = BytesMut::with_capacity(43 + headers_len + body.len());
-        out.put_u8(FORMAT_V1);
+        let mut out = BytesMut::with_capacity(59 + headers_len + body.len());
+        out.put_u8(if self.times.is_some() {
+            FORMAT_V2
+        } else {
+            FORMAT_V1
+        });
         out.put_u8(KIND_COMPLETED);
         out.put_slice(self.fingerprint.as_bytes());
         out.put_u16(self.status.as_u16());
         out.put_u8(u8::from(matches!(self.body, StoredBody::TooLarge)));
+        if let Some(times) = self.times {
+            out.put_u64(times.claimed_ms);
+            out.put_u64(times.completed_ms);
+        }
         // Counts and lengths are bounded by hyper's header limits and max_response_body,
         // far below these widths; saturating keeps a corrupt length detectable on decode.
         out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
@@ -177,6 +206,7 @@ impl Completed {
             status: self.status,
             headers,
             body,
+            times: self.times,
         }
     }
 }
@@ -193,9 +223,10 @@ impl Record {
     pub fn decode(mut buf: Bytes) -> Result<Record, DecodeError> {
         need(&buf, 2)?;
         let format = buf.get_u8();
-        if format != FORMAT_V1 {
+        if format != FORMAT_V1 && format != FORMAT_V2 {
             return Err(DecodeError::UnknownFormat(format));
         }
+        let timed = format == FORMAT_V2;
         let kind = buf.get_u8();
         need(&buf, 32)?;
         let mut fp = [0u8; 32];
@@ -203,17 +234,18 @@ impl Record {
         let fingerprint = Fingerprint::from_bytes(fp);
         let record = match kind {
             KIND_IN_FLIGHT => {
-                need(&buf, 24)?;
+                need(&buf, if timed { 32 } else { 24 })?;
                 let mut token = [0u8; 16];
                 buf.copy_to_slice(&mut token);
                 Record::InFlight(InFlight {
                     fingerprint,
                     token: OwnerToken::from_bytes(token),
                     lease_deadline_ms: buf.get_u64(),
+                    claimed_at_ms: timed.then(|| buf.get_u64()),
                 })
             }
             KIND_COMPLETED => {
-                need(&buf, 5)?;
+                need(&buf, 3)?;
                 let status = StatusCode::from_u16(buf.get_u16())
                     .map_err(|_| DecodeError::Invalid("status"))?;
                 let too_large = match buf.get_u8() {
@@ -221,6 +253,16 @@ impl Record {
                     1 => true,
                     _ => return Err(DecodeError::Invalid("body flag")),
                 };
+                let times = if timed {
+                    need(&buf, 16)?;
+                    Some(Times {
+                        claimed_ms: buf.get_u64(),
+                        completed_ms: buf.get_u64(),
+                    })
+                } else {
+                    None
+                };
+                need(&buf, 2)?;
                 let count = buf.get_u16();
                 let mut headers = Vec::with_capacity(usize::from(count).min(256));
                 for _ in 0..count {
@@ -249,6 +291,7 @@ impl Record {
                     status,
                     headers,
                     body,
+                    times,
                 }))
             }
             other => return Err(DecodeError::UnknownKind(other)),
@@ -297,6 +340,10 @@ mod tests {
                 ),
             ],
             body,
+            times: Some(Times {
+                claimed_ms: 1_700_000_000_000,
+                completed_ms: 1_700_000_000_250,
+            }),
         }
     }
 
@@ -306,18 +353,62 @@ mod tests {
             fingerprint: Fingerprint::from_bytes([1; 32]),
             token: OwnerToken::from_bytes([9; 16]),
             lease_deadline_ms: 1_700_000_000_123,
+            claimed_at_ms: Some(1_700_000_000_000),
         };
         let bytes = marker.encode();
-        assert_eq!(bytes.len(), 58);
+        assert_eq!(bytes.len(), 66);
+        assert_eq!(bytes[0], FORMAT_V2);
         assert_eq!(&bytes[TOKEN_RANGE], &[9; 16]);
+        assert_eq!(&bytes[50..58], &1_700_000_000_123u64.to_be_bytes());
         assert_eq!(Record::decode(bytes), Ok(Record::InFlight(marker)));
+    }
+
+    /// Records written before format 2 still load, without their times.
+    #[test]
+    fn format_1_records_still_load() {
+        let mut v1 = vec![FORMAT_V1, KIND_IN_FLIGHT];
+        v1.extend([1; 32]);
+        v1.extend([9; 16]);
+        v1.extend(1_700_000_000_123u64.to_be_bytes());
+        assert_eq!(
+            Record::decode(v1.into()),
+            Ok(Record::InFlight(InFlight {
+                fingerprint: Fingerprint::from_bytes([1; 32]),
+                token: OwnerToken::from_bytes([9; 16]),
+                lease_deadline_ms: 1_700_000_000_123,
+                claimed_at_ms: None,
+            }))
+        );
+        // The completed layout of format 1, byte by byte: no times after the body flag.
+        let mut v1 = vec![FORMAT_V1, KIND_COMPLETED];
+        v1.extend([7; 32]);
+        v1.extend(201u16.to_be_bytes());
+        v1.push(0);
+        v1.extend(1u16.to_be_bytes());
+        v1.extend(1u16.to_be_bytes());
+        v1.push(b'x');
+        v1.extend(1u32.to_be_bytes());
+        v1.push(b'1');
+        v1.extend(2u32.to_be_bytes());
+        v1.extend(b"ok");
+        let Ok(Record::Completed(old)) = Record::decode(v1.clone().into()) else {
+            panic!("a format 1 record decodes")
+        };
+        assert_eq!(old.status, StatusCode::CREATED);
+        assert_eq!(old.times, None);
+        assert_eq!(old.body, StoredBody::Stored(Bytes::from_static(b"ok")));
+        assert_eq!(
+            old.encode(),
+            Bytes::from(v1),
+            "and is written back as it was"
+        );
     }
 
     #[test]
     fn completed_round_trips_headers_in_order_and_raw_body() {
         let rec = completed(StoredBody::Stored(Bytes::from_static(b"{\"id\":1}")));
         let bytes = rec.encode();
-        assert_eq!(bytes[0], FORMAT_V1);
+        assert_eq!(bytes[0], FORMAT_V2);
         assert!(bytes.ends_with(b"{\"id\":1}"), "body is stored raw");
         assert_eq!(Record::decode(bytes), Ok(Record::Completed(Arc::new(rec))));
         let large = completed(StoredBody::TooLarge);
@@ -338,10 +429,10 @@ mod tests {
         trailing.push(0);
         assert_eq!(Record::decode(trailing.into()), Err(DecodeError::Trailing));
         let mut future = good.to_vec();
-        future[0] = 2;
+        future[0] = 3;
         assert_eq!(
             Record::decode(future.into()),
-            Err(DecodeError::UnknownFormat(2))
+            Err(DecodeError::UnknownFormat(3))
         );
         assert_eq!(Record::decode(Bytes::new()), Err(DecodeError::Truncated));
     }
@@ -357,6 +448,7 @@ mod tests {
                 HeaderValue::from_maybe_shared(buffer.slice(0..4)).expect("visible"),
             )],
             body: StoredBody::Stored(buffer.slice(100..1124)),
+            times: None,
         };
         let compact = rec.compacted();
         assert_eq!(compact, rec);
@@ -390,12 +482,14 @@ mod tests {
 
         #[test]
         fn any_completed_round_trips(status in 100u16..600, body in proptest::collection::vec(any::<u8>(), 0..100),
-                                     values in proptest::collection::vec("[ -~]{0,20}", 0..5)) {
+                                     values in proptest::collection::vec("[ -~]{0,20}", 0..5),
+                                     times in proptest::option::of((any::<u64>(), any::<u64>()))) {
             let rec = Completed {
                 fingerprint: Fingerprint::from_bytes([3; 32]),
                 status: StatusCode::from_u16(status).expect("status in range"),
                 headers: values.iter().map(|v| (HeaderName::from_static("x-v"), HeaderValue::from_str(v).expect("visible"))).collect(),
                 body: StoredBody::Stored(body.into()),
+                times: times.map(|(claimed_ms, completed_ms)| Times { claimed_ms, completed_ms }),
             };
             prop_assert_eq!(Record::decode(rec.encode()), Ok(Record::Completed(Arc::new(rec))));
         }

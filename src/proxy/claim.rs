@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::AppState;
-use super::lease::{Job, in_background};
+use super::lease::{Job, in_background, stamped};
 use super::reply::problem_record;
 use crate::config::{ErrorsConfig, Policy};
 use crate::error::{ProxyError, UnknownCause};
@@ -122,8 +122,12 @@ async fn take_over<S: Store>(
                 orphaned(state, policy, claim, |lease| match then {
                     AfterTakeOver::Forward => Job::Release(lease),
                     AfterTakeOver::RecordUnknown => Job::Record {
+                        record: Arc::new(stamped(
+                            abandoned_record(&state.config.errors, claim.fingerprint),
+                            &lease,
+                            lease.claimed_at_ms,
+                        )),
                         lease,
-                        record: Arc::new(abandoned_record(&state.config.errors, claim.fingerprint)),
                         ttl: claim.ttl,
                     },
                 });
@@ -153,10 +157,8 @@ fn orphaned<S: Store>(
     claim: ClaimRequest,
     job: impl FnOnce(Lease) -> Job,
 ) {
-    let lease = Lease {
-        key: claim.key,
-        token: claim.token,
-    };
+    // The claim's own time is unknown (its call timed out): now is close to it.
+    let lease = claim.lease(state.store.clock_ms());
     in_background(state, job(lease), Instant::now() + policy.lease);
 }
 

@@ -132,6 +132,7 @@ async fn exchange<S: Store>(
         status: head.status,
         headers: stored_headers(&head.headers, &policy.replay_drop_headers),
         body: stored,
+        times: None,
     };
     let outcome = lease.complete(record, ttl).await;
     failpoint::hit(failpoint::AFTER_RECORD);

@@ -302,8 +302,14 @@ async fn store_unavailable<S: Store>(
     match state.config.store.on_unavailable {
         // A memory store full of in-flight markers is working, not down: forwarding
         // unguarded would let duplicates of those very requests through (SPEC §8). A
-        // claim too few replicas hold was written: it is never forwarded (SPEC §14).
-        _ if matches!(err, StoreError::Full | StoreError::Unreplicated { .. }) => {
+        // record this version cannot read (a newer format, a damaged value) is still a
+        // record: the key is taken, and forwarding could execute it twice. A claim too
+        // few replicas hold was written: it is never forwarded (SPEC §14).
+        _ if matches!(
+            err,
+            StoreError::Full | StoreError::Corrupt(_) | StoreError::Unreplicated { .. }
+        ) =>
+        {
             Err(ProxyError::StoreUnavailable(err))
         }
         OnUnavailable::Reject => Err(ProxyError::StoreUnavailable(err)),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::AppState;
-use crate::idempotency::Completed;
+use crate::idempotency::{Completed, Times};
 use crate::metrics::Outcome;
 use crate::store::{Fenced, Lease, Store, StoreError};
 
@@ -92,7 +92,8 @@ impl<S: Store> LeaseGuard<S> {
     /// does not hold the client back: the recording is retried in the background until
     /// the lease would end (SPEC §5).
     pub(crate) async fn complete(self, record: Completed, ttl: Duration) -> Outcome {
-        let record = Arc::new(record);
+        let now = self.state.store.clock_ms();
+        let record = Arc::new(stamped(record, &self.lease, now));
         match self
             .state
             .store
@@ -148,6 +149,20 @@ pub(crate) enum Job {
         record: Arc<Completed>,
         ttl: Duration,
     },
+}
+
+/// `record` with the times the admin API reports (SPEC §13): its claim's, and `now_ms`
+/// on the store's clock (which its expiry is counted on).
+/// Stamped once, before the first attempt, so that a repeated attempt writes the same
+/// bytes (and finds them landed).
+pub(crate) fn stamped(record: Completed, lease: &Lease, now_ms: u64) -> Completed {
+    Completed {
+        times: Some(Times {
+            claimed_ms: lease.claimed_at_ms,
+            completed_ms: now_ms.max(lease.claimed_at_ms),
+        }),
+        ..record
+    }
 }
 
 enum Attempt {
@@ -261,6 +276,7 @@ mod tests {
         Lease {
             key: ScopedKey::from_bytes([7; 32]),
             token: OwnerToken::random(),
+            claimed_at_ms: 0,
         }
     }
 
@@ -280,6 +296,7 @@ mod tests {
                 status: http::StatusCode::OK,
                 headers: vec![],
                 body: crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
+                times: None,
             }),
             ttl: Duration::from_secs(60),
         }
@@ -324,8 +341,10 @@ mod tests {
         state.tasks.wait().await;
         assert_eq!(state.metrics.records_lost(), 1, "given up once");
         let attempts = state.metrics.record_retries();
-        // 50 ms doubling to 1 s, each between half and all of it: 4 to 7 attempts in 3 s.
-        assert!((4..=7).contains(&attempts), "{attempts} attempts");
+        // 50 ms doubling to 1 s, each between half and all of it: 6 attempts in 3 s when
+        // every pause is whole (2.55 s, then 1 s more would pass the deadline), 9 when
+        // every pause is half (2.775 s).
+        assert!((6..=9).contains(&attempts), "{attempts} attempts");
         assert!(Instant::now() < give_up);
         assert!(Instant::now() - started > Duration::from_millis(1500));
     }

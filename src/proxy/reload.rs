@@ -3,7 +3,8 @@
 //! in flight keep the configuration they started with, and no connection is dropped.
 //!
 //! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
-//! `log.level`, `route_match`, `shutdown_timeout`. What needs a restart, and is refused: the keys in
+//! `log.level`, `admin.token` (read by the admin listener per request), `route_match`,
+//! `shutdown_timeout`. What needs a restart, and is refused: the keys in
 //! [`RESTART_ONLY`].
 
 use std::net::SocketAddr;
@@ -109,8 +110,10 @@ mod tests {
         let applies = parse(
             "upstream:\n  url: https://other:8443\n  timeout: 5s\nidempotency:\n  ttl: 1h\n\
              routes:\n  - path: /a\n    enabled: false\nlog:\n  level: debug\n\
-             route_match: case_insensitive\nshutdown_timeout: 5s\n",
+             route_match: case_insensitive\nshutdown_timeout: 5s\n\
+             admin:\n  token: rotated\n",
         );
-        check(&running, &applies).expect("routes, idempotency, upstream and log.level apply");
+        check(&running, &applies)
+            .expect("routes, idempotency, upstream, log.level and admin.token apply");
     }
 }

@@ -113,5 +113,6 @@ pub(crate) fn problem_record(
         status: problem.status,
         headers: problem.headers(errors),
         body: StoredBody::Stored(problem.body(errors)),
+        times: None,
     }
 }

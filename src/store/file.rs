@@ -28,7 +28,7 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
 use super::memory::{Clock, TokioClock};
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
 use index::{Index, Published};
@@ -55,6 +55,17 @@ pub struct FileOptions {
     /// Flush every commit to stable storage.
     pub fsync: bool,
     pub max_entries: usize,
+}
+
+impl FileOptions {
+    /// What `store` says, for `kind: file`.
+    pub fn from_config(store: &crate::config::StoreConfig) -> Self {
+        Self {
+            path: store.path.clone(),
+            fsync: store.fsync,
+            max_entries: store.max_entries,
+        }
+    }
 }
 
 /// The file store's gauges and counters, shared with its writer thread.
@@ -253,6 +264,14 @@ impl<C: Clock> FileStore<C> {
     /// The published id may already be gone from the log (a commit replaced it since):
     /// then the writer decides, as for a free key.
     fn read(&self, key: &ScopedKey, now: u64) -> Result<Option<Claim>, StoreError> {
+        Ok(self.read_committed(key, now)?.map(|found| Claim::Existing {
+            record: found.record,
+            now_ms: now,
+        }))
+    }
+
+    /// The committed, unexpired version of `key`.
+    fn read_committed(&self, key: &ScopedKey, now: u64) -> Result<Option<Inspection>, StoreError> {
         let Some(id) = self.published.id(key) else {
             return Ok(None);
         };
@@ -263,8 +282,9 @@ impl<C: Clock> FileStore<C> {
         };
         let value = value.value();
         match disk::head(value) {
-            Ok(head) if head.key == *key && head.expires_ms > now => Ok(Some(Claim::Existing {
+            Ok(head) if head.key == *key && head.expires_ms > now => Ok(Some(Inspection {
                 record: disk::record(value).map_err(StoreError::Corrupt)?,
+                expires_at_ms: head.expires_ms,
                 now_ms: now,
             })),
             _ => Ok(None),
@@ -377,6 +397,25 @@ impl<C: Clock> Store for FileStore<C> {
 
     async fn watch(&self, key: ScopedKey) -> Result<FileWatch, StoreError> {
         Ok(watch::register(&self.watchers, key))
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+        self.read_committed(&key, self.clock.now_ms())
+    }
+
+    async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
+        let now = self.clock.now_ms();
+        self.send(|reply| Op::Purge {
+            key,
+            force,
+            now,
+            reply,
+        })
+        .await
     }
 
     /// Ready while the database is open and its writer runs.

@@ -10,7 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, millis};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
 pub use watch::MemoryWatch;
@@ -372,10 +372,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         let evicted = inner.make_room(self.shard_entries, now)?;
         self.evictions.inc_by(evicted);
         inner.insert(req.key, Self::marker(&req, now));
-        Ok(Claim::Acquired(Lease {
-            key: req.key,
-            token: req.token,
-        }))
+        Ok(Claim::Acquired(req.lease(now)))
     }
 
     async fn complete(
@@ -456,10 +453,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         }
         inner.insert(req.key, Self::marker(&req, now));
         inner.changed(&req.key);
-        Ok(Some(Lease {
-            key: req.key,
-            token: req.token,
-        }))
+        Ok(Some(req.lease(now)))
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
@@ -468,6 +462,39 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+        let now = self.clock.now_ms();
+        let inner = self.shard(&key);
+        Ok(inner
+            .map
+            .get(&key)
+            .filter(|slot| slot.expires_ms > now)
+            .map(|slot| Inspection {
+                record: slot.record.clone(),
+                expires_at_ms: slot.expires_ms,
+                now_ms: now,
+            }))
+    }
+
+    async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
+        let now = self.clock.now_ms();
+        let mut inner = self.shard(&key);
+        let Some(slot) = inner.map.get(&key).filter(|slot| slot.expires_ms > now) else {
+            return Ok(Purged::Absent);
+        };
+        if !force && matches!(&slot.record, Record::InFlight(m) if m.lease_deadline_ms > now) {
+            return Ok(Purged::LiveLease);
+        }
+        let record = slot.record.clone();
+        // Wakes the waiters: the key is free for their retry.
+        inner.remove(&key);
+        Ok(Purged::Removed(record))
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

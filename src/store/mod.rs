@@ -38,6 +38,16 @@ impl ClaimRequest {
             fingerprint: self.fingerprint,
             token: self.token,
             lease_deadline_ms: now_ms + millis(self.lease),
+            claimed_at_ms: Some(now_ms),
+        }
+    }
+
+    /// The lease this claim gives when it writes its marker at `now_ms`.
+    pub fn lease(&self, now_ms: u64) -> Lease {
+        Lease {
+            key: self.key,
+            token: self.token,
+            claimed_at_ms: now_ms,
         }
     }
 
@@ -70,6 +80,36 @@ pub enum Claim {
 pub struct Lease {
     pub key: ScopedKey,
     pub token: OwnerToken,
+    /// When the marker was written, on the store's clock: the record's creation time.
+    pub claimed_at_ms: u64,
+}
+
+/// What is stored under a key, as the admin API reports it (SPEC §13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspection {
+    pub record: Record,
+    /// When the store drops it, unix ms on the store's clock.
+    pub expires_at_ms: u64,
+    /// The store's clock when it was read, for judging the lease.
+    pub now_ms: u64,
+}
+
+/// What a purge did (SPEC §13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Purged {
+    /// The record or marker that was there is gone.
+    Removed(Record),
+    /// An in-flight marker whose lease is live, and no `force`: nothing was changed.
+    LiveLease,
+    Absent,
+}
+
+/// The wall clock in unix milliseconds: what the proxy stamps a completion with, and the
+/// clock the Redis store judges leases by.
+pub fn wall_clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
 }
 
 /// Whether an owner-checked operation found the caller still owning the key.
@@ -145,6 +185,27 @@ pub trait Store: Send + Sync + 'static {
     /// Cheap liveness check for `/readyz`.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The clock the store judges leases and expiry by, in unix ms: what a completion is
+    /// stamped with, so that a record's times and its expiry agree.
+    fn clock_ms(&self) -> u64 {
+        wall_clock_ms()
+    }
+
+    /// What is under `key`, unexpired, for the admin API. Reads only.
+    fn inspect(
+        &self,
+        key: ScopedKey,
+    ) -> impl Future<Output = Result<Option<Inspection>, StoreError>> + Send;
+
+    /// Atomically removes what is under `key`, waking its waiters, unless it is an
+    /// in-flight marker whose lease is live and `force` is false. The owner of a marker
+    /// removed by force finds its lease lost when it records (fencing).
+    fn purge(
+        &self,
+        key: ScopedKey,
+        force: bool,
+    ) -> impl Future<Output = Result<Purged, StoreError>> + Send;
+
     /// Adds the store's own metrics (e.g. evictions) to `/metrics`.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
 
@@ -206,6 +267,25 @@ impl<T: Store> Store for Arc<T> {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).ping()
+    }
+
+    fn clock_ms(&self) -> u64 {
+        (**self).clock_ms()
+    }
+
+    fn inspect(
+        &self,
+        key: ScopedKey,
+    ) -> impl Future<Output = Result<Option<Inspection>, StoreError>> + Send {
+        (**self).inspect(key)
+    }
+
+    fn purge(
+        &self,
+        key: ScopedKey,
+        force: bool,
+    ) -> impl Future<Output = Result<Purged, StoreError>> + Send {
+        (**self).purge(key, force)
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

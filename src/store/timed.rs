@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
 
@@ -132,6 +132,22 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
         self.around.around(StoreOp::Ping, self.inner.ping()).await
     }
 
+    fn clock_ms(&self) -> u64 {
+        self.inner.clock_ms()
+    }
+
+    async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+        self.around
+            .around(StoreOp::Inspect, self.inner.inspect(key))
+            .await
+    }
+
+    async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
+        self.around
+            .around(StoreOp::Purge, self.inner.purge(key, force))
+            .await
+    }
+
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.register_metrics(registry);
     }
@@ -186,6 +202,12 @@ mod tests {
             std::future::pending().await
         }
         async fn ping(&self) -> Result<(), StoreError> {
+            std::future::pending().await
+        }
+        async fn inspect(&self, _: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+            std::future::pending().await
+        }
+        async fn purge(&self, _: ScopedKey, _: bool) -> Result<Purged, StoreError> {
             std::future::pending().await
         }
     }

@@ -24,7 +24,7 @@ use hyper_util::rt::TokioExecutor;
 use idemgate::config::Config;
 use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
-use idemgate::store::{MemoryStore, RedisStore, Store};
+use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -61,6 +61,14 @@ impl Proxy<Arc<RedisStore>> {
         let yaml = yaml.replace("{upstream}", &upstream.url());
         let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
         let store = Arc::new(RedisStore::new(&config.store).expect("redis store"));
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl Proxy<FileStore> {
+    /// A proxy on the file store that `config` names (`store.kind: file`).
+    pub async fn file(config: Config) -> Self {
+        let store = FileStore::open(&FileOptions::from_config(&config.store)).expect("file store");
         Proxy::with_store(config, store).await
     }
 }

@@ -275,6 +275,31 @@ fn addresses_are_socket_addresses() {
     );
 }
 
+/// SPEC §13: `admin.token` is a string, `${VAR}` works, and it is never printed.
+#[test]
+fn the_admin_token_is_a_visible_string_and_never_printed() {
+    assert_eq!(parse_ok(&with_minimal("admin: {}\n")).admin.token, None);
+    let env = |name: &str| (name == "ADMIN_TOKEN").then(|| "tok-3f9a".to_owned());
+    let config = Config::from_yaml_str(&with_minimal("admin:\n  token: ${ADMIN_TOKEN}\n"), &env)
+        .expect("valid");
+    assert_eq!(config.admin.token, Some(AdminToken::new("tok-3f9a")));
+    let shown = format!("{config:?}\n{}", config.to_yaml());
+    assert!(!shown.contains("tok-3f9a"), "{shown}");
+    assert!(
+        config.to_yaml().contains("token: '***'"),
+        "{}",
+        config.to_yaml()
+    );
+    for bad in ["''", "'  '", "'two words'", "\"tab\\there\""] {
+        let message = error_at(
+            &with_minimal(&format!("admin:\n  token: {bad}\n")),
+            "admin.token",
+        );
+        assert!(message.contains("must"), "{message}");
+    }
+    error_at(&with_minimal("admin:\n  token: [a]\n"), "admin.token");
+}
+
 #[test]
 fn method_lists_must_not_be_empty() {
     let message = error_at(

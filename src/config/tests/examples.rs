@@ -127,6 +127,10 @@ fn to_yaml_round_trips_every_example_with_passwords_redacted() {
                 urls: config.store.redacted_urls(),
                 ..config.store.clone()
             },
+            admin: AdminConfig {
+                token: config.admin.token.as_ref().map(|_| AdminToken::new("***")),
+                ..config.admin.clone()
+            },
             ..config
         };
         assert_eq!(reparsed, expected, "{}\n{yaml}", path.display());
@@ -147,6 +151,10 @@ fn to_yaml_round_trips_unusual_values() {
             store: StoreConfig {
                 urls: config.store.redacted_urls(),
                 ..config.store.clone()
+            },
+            admin: AdminConfig {
+                token: config.admin.token.as_ref().map(|_| AdminToken::new("***")),
+                ..config.admin.clone()
             },
             ..config
         };

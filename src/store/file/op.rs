@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 
 use super::unavailable;
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
-use crate::store::{Claim, ClaimRequest, Fenced, Lease, StoreError};
+use crate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, StoreError};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
@@ -47,6 +47,13 @@ pub(super) enum Op {
         now: u64,
         reply: Reply<Option<Lease>>,
     },
+    /// The admin API's purge (SPEC §13).
+    Purge {
+        key: ScopedKey,
+        force: bool,
+        now: u64,
+        reply: Reply<Purged>,
+    },
     /// Removes entries whose ttl has passed (the background expiry).
     Sweep { now: u64 },
 }
@@ -59,6 +66,7 @@ impl Op {
             | Op::Release { now, .. }
             | Op::Renew { now, .. }
             | Op::TakeOver { now, .. }
+            | Op::Purge { now, .. }
             | Op::Sweep { now } => *now,
         }
     }
@@ -70,6 +78,8 @@ pub(super) enum Answer {
     Fenced(Reply<Fenced>, Fenced),
     TakeOver(Reply<Option<Lease>>, Option<Lease>),
     Failed(Reply<Fenced>, StoreError),
+    Purged(Reply<Purged>, Purged),
+    PurgeFailed(Reply<Purged>, StoreError),
     None,
 }
 
@@ -81,6 +91,8 @@ impl Answer {
             Answer::Fenced(reply, fenced) => drop(reply.send(Ok(fenced))),
             Answer::TakeOver(reply, lease) => drop(reply.send(Ok(lease))),
             Answer::Failed(reply, err) => drop(reply.send(Err(err))),
+            Answer::Purged(reply, purged) => drop(reply.send(Ok(purged))),
+            Answer::PurgeFailed(reply, err) => drop(reply.send(Err(err))),
             Answer::None => {}
         }
     }
@@ -91,6 +103,9 @@ impl Answer {
             Answer::Claim(reply, _) => drop(reply.send(Err(err()))),
             Answer::Fenced(reply, _) | Answer::Failed(reply, _) => drop(reply.send(Err(err()))),
             Answer::TakeOver(reply, _) => drop(reply.send(Err(err()))),
+            Answer::Purged(reply, _) | Answer::PurgeFailed(reply, _) => {
+                drop(reply.send(Err(err())));
+            }
             Answer::None => {}
         }
     }

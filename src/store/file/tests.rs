@@ -38,6 +38,7 @@ fn response(body: &'static [u8]) -> Arc<Completed> {
         status: StatusCode::CREATED,
         headers: Vec::new(),
         body: StoredBody::Stored(Bytes::from_static(body)),
+        times: None,
     })
 }
 

@@ -20,7 +20,7 @@ use super::index::{Index, Loc, Published};
 use super::op::{Answer, Op};
 use super::watch::Watchers;
 use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
-use crate::store::{Claim, ClaimRequest, Fenced, Lease, StoreError, millis};
+use crate::store::{Claim, ClaimRequest, Fenced, Purged, StoreError, millis};
 
 /// At most this many operations share one commit.
 const MAX_BATCH: usize = 4096;
@@ -247,15 +247,21 @@ impl Tx<'_, '_> {
                             false,
                         )?;
                         self.changed.push(req.key);
-                        Some(Lease {
-                            key: req.key,
-                            token: req.token,
-                        })
+                        Some(req.lease(now))
                     }
                     _ => None,
                 };
                 Answer::TakeOver(reply, lease)
             }
+            Op::Purge {
+                key,
+                force,
+                now,
+                reply,
+            } => match self.purge(key, force, now)? {
+                Ok(purged) => Answer::Purged(reply, purged),
+                Err(err) => Answer::PurgeFailed(reply, err),
+            },
             Op::Sweep { .. } => Answer::None,
         })
     }
@@ -285,10 +291,7 @@ impl Tx<'_, '_> {
             &req.marker(now).encode(),
             false,
         )?;
-        Ok(Ok(Claim::Acquired(Lease {
-            key: req.key,
-            token: req.token,
-        })))
+        Ok(Ok(Claim::Acquired(req.lease(now))))
     }
 
     fn complete(
@@ -316,6 +319,31 @@ impl Tx<'_, '_> {
             Ok(_) => Ok(Fenced::LeaseLost),
             Err(err) => Err(err),
         })
+    }
+
+    /// Removes what is under `key` unless it is a marker with a live lease and not
+    /// `force` (SPEC §13).
+    fn purge(
+        &mut self,
+        key: ScopedKey,
+        force: bool,
+        now: u64,
+    ) -> Result<Result<Purged, StoreError>, redb::Error> {
+        let Some(loc) = self.index.keys.get(&key).copied() else {
+            return Ok(Ok(Purged::Absent));
+        };
+        if loc.expires_ms <= now {
+            return Ok(Ok(Purged::Absent));
+        }
+        let record = match self.read(loc.id)? {
+            Ok(record) => record,
+            Err(err) => return Ok(Err(err)),
+        };
+        if !force && matches!(&record, Record::InFlight(m) if m.lease_deadline_ms > now) {
+            return Ok(Ok(Purged::LiveLease));
+        }
+        self.remove(key)?;
+        Ok(Ok(Purged::Removed(record)))
     }
 
     /// The record stored under log id `id` (written by this transaction or before).

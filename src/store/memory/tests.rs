@@ -35,6 +35,7 @@ fn response() -> Arc<Completed> {
         status: StatusCode::CREATED,
         headers: Vec::new(),
         body: StoredBody::Stored(Bytes::from_static(b"{}")),
+        times: None,
     })
 }
 

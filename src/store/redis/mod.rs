@@ -9,6 +9,7 @@
 //! Waiters (`on_concurrent: wait`) subscribe to a per-key channel over RESP3 on the same
 //! multiplexed connection; the scripts publish on it when the key changes.
 
+mod admin;
 mod claim;
 mod replicas;
 mod sentinel;
@@ -25,7 +26,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
-use super::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use claim::Found;
@@ -43,6 +44,8 @@ struct Scripts {
     release: Script,
     renew: Script,
     take_over: Script,
+    inspect: Script,
+    purge: Script,
 }
 
 impl Scripts {
@@ -54,6 +57,8 @@ impl Scripts {
             release: owned(include_str!("release.lua")),
             renew: owned(include_str!("renew.lua")),
             take_over: owned(include_str!("take_over.lua")),
+            inspect: Script::new(include_str!("inspect.lua")),
+            purge: owned(include_str!("purge.lua")),
         }
     }
 }
@@ -157,9 +162,7 @@ fn unavailable(err: redis::RedisError) -> StoreError {
 /// on the replicas' clocks, so replicas must keep them in sync (NTP); a skew well below
 /// `lease / 3` is harmless.
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    super::wall_clock_ms()
 }
 
 /// Milliseconds for `PX` and the scripts: at least 1, as Redis refuses an expiry of 0.
@@ -361,10 +364,7 @@ impl Store for RedisStore {
         {
             Found::Ours => {
                 self.claim_replicated(&mut conn, written).await?;
-                Ok(Claim::Acquired(Lease {
-                    key: req.key,
-                    token: req.token,
-                }))
+                Ok(Claim::Acquired(req.lease(now)))
             }
             Found::Record(record) => {
                 let record = Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)?;
@@ -425,11 +425,11 @@ impl Store for RedisStore {
         stale: OwnerToken,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
-        let now = now_ms();
-        let marker = req.marker(now).encode();
+        let claimed_at = now_ms();
+        let marker = req.marker(claimed_at).encode();
         let ttl = millis(req.marker_ttl()).to_string();
         let channel = self.channel(&req.key);
-        let now = now.to_string();
+        let now = claimed_at.to_string();
         let args: [&[u8]; 5] = [
             stale.as_bytes(),
             &marker,
@@ -447,10 +447,7 @@ impl Store for RedisStore {
                     // A take-over is a claim: the same WAIT.
                     self.claim_replicated(&mut self.conn().await?, written)
                         .await?;
-                    Some(Lease {
-                        key: req.key,
-                        token: req.token,
-                    })
+                    Some(req.lease(claimed_at))
                 }
                 Fenced::LeaseLost => None,
             },
@@ -475,6 +472,14 @@ impl Store for RedisStore {
 
     fn count_shortfalls_in(&self, counter: prometheus_client::metrics::counter::Counter) {
         self.replicas.count_shortfalls_in(counter);
+    }
+
+    async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+        self.inspect_key(&key).await
+    }
+
+    async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
+        self.purge_key(&key, force).await
     }
 }
 

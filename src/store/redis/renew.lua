@@ -4,7 +4,7 @@ local v = redis.call('GET', KEYS[1])
 if not owned(v, ARGV[1]) then
   return 0
 end
-redis.call('SET', KEYS[1], string.sub(v, 1, 50) .. ARGV[2], 'KEEPTTL')
+redis.call('SET', KEYS[1], string.sub(v, 1, 50) .. ARGV[2] .. string.sub(v, 59), 'KEEPTTL')
 local lease = tonumber(ARGV[3])
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl >= 0 and pttl < lease then

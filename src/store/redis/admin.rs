@@ -1,0 +1,75 @@
+//! The admin API's read and purge (SPEC §13), each one script so that what is reported
+//! or removed is one state of the key.
+
+use bytes::Bytes;
+use redis::Value;
+
+use super::{RedisStore, now_ms, unavailable};
+use crate::idempotency::{Record, ScopedKey};
+use crate::store::{Inspection, Purged, StoreError};
+
+impl RedisStore {
+    pub(super) async fn inspect_key(
+        &self,
+        key: &ScopedKey,
+    ) -> Result<Option<Inspection>, StoreError> {
+        let mut conn = self.conn().await?;
+        let now = now_ms();
+        let reply: Value = self
+            .scripts
+            .inspect
+            .key(self.record_key(key))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match reply {
+            Value::Array(items) if items.is_empty() => Ok(None),
+            Value::Array(items) => match items.as_slice() {
+                [Value::BulkString(value), Value::Int(at)] => Ok(Some(Inspection {
+                    record: decode(value)?,
+                    // Every record is written with a ttl; one without (-1) is reported
+                    // as expiring now rather than never.
+                    expires_at_ms: u64::try_from(*at).unwrap_or(now),
+                    now_ms: now,
+                })),
+                _ => Err(StoreError::Protocol(
+                    "unexpected reply to the inspect script",
+                )),
+            },
+            _ => Err(StoreError::Protocol(
+                "unexpected reply to the inspect script",
+            )),
+        }
+    }
+
+    pub(super) async fn purge_key(
+        &self,
+        key: &ScopedKey,
+        force: bool,
+    ) -> Result<Purged, StoreError> {
+        let mut conn = self.conn().await?;
+        let reply: Value = self
+            .scripts
+            .purge
+            .key(self.record_key(key))
+            .arg(now_ms())
+            .arg(if force { "1" } else { "0" })
+            .arg(self.channel(key))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let Value::Array(items) = reply else {
+            return Err(StoreError::Protocol("unexpected reply to the purge script"));
+        };
+        match items.as_slice() {
+            [Value::Int(0)] => Ok(Purged::Absent),
+            [Value::Int(2)] => Ok(Purged::LiveLease),
+            [Value::Int(1), Value::BulkString(value)] => Ok(Purged::Removed(decode(value)?)),
+            _ => Err(StoreError::Protocol("unexpected reply to the purge script")),
+        }
+    }
+}
+
+fn decode(value: &[u8]) -> Result<Record, StoreError> {
+    Record::decode(Bytes::copy_from_slice(value)).map_err(StoreError::Corrupt)
+}
