@@ -32,9 +32,14 @@ use crate::idempotency::{Record, ScopedKey};
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
-/// The on-disk format this version reads and writes. A store of another format is
-/// refused, never read or rewritten.
-pub const FORMAT: u64 = 1;
+/// The on-disk format this version writes. Format 2 may hold records of format 2 (with
+/// their times, SPEC §13), which versions that wrote format 1 cannot read: they refuse a
+/// format 2 store when it opens, instead of failing on its records one by one. A store
+/// of any other format is refused, never read or rewritten.
+pub const FORMAT: u64 = 2;
+/// The earlier format this version still opens: the same tables with format 1 records
+/// only. Opening it for writing marks it format 2 (the meta entry alone is rewritten).
+const UPGRADES_FROM: u64 = 1;
 /// The database file inside `store.path`.
 pub const DB_FILE: &str = "idemgate.redb";
 /// The lock file inside `store.path`, held while the store is open.
@@ -186,10 +191,16 @@ pub(super) fn open(
         .create_with_backend(backend)
         .map_err(|err| database_error(path, err))?;
     if existed {
-        check_format(&db).map_err(|found| match found {
+        let format = check_format(&db).map_err(|found| match found {
             Found::Other(found) => OpenError::Version { path: at(), found },
             Found::Broken(reason) => OpenError::Corrupt { path: at(), reason },
         })?;
+        if format == UPGRADES_FROM {
+            mark_format(&db).map_err(|reason| OpenError::NotWritable {
+                path: at(),
+                source: std::io::Error::other(reason),
+            })?;
+        }
     } else {
         init(&db).map_err(|reason| OpenError::NotWritable {
             path: at(),
@@ -242,7 +253,7 @@ fn check_read_only(path: &Path, file: &Path) -> Result<(), OpenError> {
     let handle = File::open(file).map_err(|source| OpenError::Unreadable { path: at(), source })?;
     match redb::Builder::new().open_read_only_with_backend(redb::backends::FileBackend::new(handle))
     {
-        Ok(db) => check_format(&db).map_err(|found| match found {
+        Ok(db) => check_format(&db).map(drop).map_err(|found| match found {
             Found::Other(found) => OpenError::Version { path: at(), found },
             Found::Broken(reason) => OpenError::Corrupt { path: at(), reason },
         }),
@@ -256,7 +267,8 @@ enum Found {
     Broken(String),
 }
 
-fn check_format(db: &impl ReadableDatabase) -> Result<(), Found> {
+/// The store's format, if this version opens it.
+fn check_format(db: &impl ReadableDatabase) -> Result<u64, Found> {
     let txn = db.begin_read().map_err(|e| Found::Broken(e.to_string()))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
@@ -267,25 +279,31 @@ fn check_format(db: &impl ReadableDatabase) -> Result<(), Found> {
         }
         Err(err) => return Err(Found::Broken(err.to_string())),
     };
-    match meta
+    let format = match meta
         .get("format")
         .map_err(|e| Found::Broken(e.to_string()))?
     {
-        Some(v) if v.value() == FORMAT => {}
+        Some(v) if v.value() == FORMAT || v.value() == UPGRADES_FROM => v.value(),
         Some(v) => return Err(Found::Other(v.value().to_string())),
         None => {
             return Err(Found::Other(
                 "none (no idemgate format recorded)".to_owned(),
             ));
         }
-    }
+    };
     txn.open_table(LOG)
         .map_err(|e| Found::Broken(e.to_string()))?;
-    Ok(())
+    Ok(format)
 }
 
 /// A new store: the tables and the format, in one durable commit.
 fn init(db: &Database) -> Result<(), String> {
+    mark_format(db)
+}
+
+/// Records [`FORMAT`] as the store's format (creating the tables if missing), in one
+/// durable commit: a new store, or one of [`UPGRADES_FROM`] that this version opened.
+fn mark_format(db: &Database) -> Result<(), String> {
     let txn = db.begin_write().map_err(|e| e.to_string())?;
     {
         txn.open_table(LOG).map_err(|e| e.to_string())?;

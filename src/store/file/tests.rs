@@ -275,6 +275,49 @@ async fn a_store_of_another_format_is_refused_and_left_as_it_is() {
     assert_eq!(fingerprint(&store), before, "nothing was rewritten");
 }
 
+/// A store written before records kept their times (format 1) opens: its records load,
+/// and the store is marked format 2, which the versions that wrote format 1 refuse at
+/// open instead of failing on its newer records one by one.
+#[tokio::test]
+async fn a_store_of_format_1_opens_and_is_marked_format_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    let meta = redb::TableDefinition::<&str, u64>::new("meta");
+    let format_of = |store: &std::path::Path| {
+        let db = redb::Database::create(store.join(DB_FILE)).expect("open with redb");
+        let txn = db.begin_read().expect("txn");
+        let table = txn.open_table(meta).expect("meta");
+        table.get("format").expect("get").expect("a format").value()
+    };
+    {
+        let s = FileStore::open(&options(dir.path(), 100)).expect("open");
+        let lease = acquire(&s, 1).await;
+        complete(&s, &lease, b"kept").await;
+    }
+    {
+        let db = redb::Database::create(store.join(DB_FILE)).expect("open with redb");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(meta)
+            .expect("meta")
+            .insert("format", 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    assert_eq!(format_of(&store), 1);
+    {
+        let s = FileStore::open(&options(dir.path(), 100)).expect("a format 1 store opens");
+        assert!(matches!(
+            s.claim(req(1)).await.expect("claim"),
+            Claim::Existing {
+                record: Record::Completed(_),
+                ..
+            }
+        ));
+    }
+    assert_eq!(format_of(&store), FORMAT);
+    assert_eq!(FORMAT, 2);
+}
+
 #[tokio::test]
 async fn a_path_that_cannot_be_created_is_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
