@@ -55,6 +55,12 @@ impl RedisServer {
         replica
     }
 
+    /// Whether one line of `INFO section` is, or contains, `line` now.
+    pub fn info_has(&self, section: &str, line: &str) -> bool {
+        let info = self.cli(&["INFO", section]);
+        info.lines().any(|l| l.trim() == line || l.contains(line))
+    }
+
     /// Polls `INFO section` until one of its lines is, or contains, `line`.
     pub async fn wait_info(&self, section: &str, line: &str) {
         let deadline = Instant::now() + READY_TIMEOUT;
