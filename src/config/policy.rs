@@ -288,7 +288,7 @@ impl Policy {
             headers: &self.scope_headers,
             cookies: &self.scope_cookies,
         };
-        ScopedKey::scoped(headers, scope, &source.label(), key)
+        ScopedKey::scoped_in_parts(headers, scope, source.label_parts(), key)
     }
 
     /// What the fingerprint of a request under this policy covers.

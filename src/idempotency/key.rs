@@ -162,6 +162,17 @@ impl ScopedKey {
         source: &str,
         key: &IdempotencyKey,
     ) -> Self {
+        Self::scoped_in_parts(headers, scope, [source, ""], key)
+    }
+
+    /// [`scoped`](Self::scoped) with the source label given as two pieces (as
+    /// `KeySource::label_parts` has it), hashed as their concatenation.
+    pub fn scoped_in_parts(
+        headers: &HeaderMap,
+        scope: Scope<'_>,
+        source: [&str; 2],
+        key: &IdempotencyKey,
+    ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-scope-v1");
         for name in scope.headers {
@@ -179,10 +190,17 @@ impl ScopedKey {
                 hash_cookie(&mut hash, headers, name);
             }
         }
-        if source != DEFAULT_SOURCE {
-            // Like the cookie marker, never the first byte of a length prefix.
+        let [kind, name] = source;
+        let default = DEFAULT_SOURCE
+            .strip_prefix(kind)
+            .is_some_and(|rest| rest == name);
+        if !default {
+            // Like the cookie marker, never the first byte of a length prefix; the same
+            // bytes as `hash_field` of the whole label.
             hash.update(b"source");
-            hash_field(&mut hash, source.as_bytes());
+            hash.update(((kind.len() + name.len()) as u64).to_be_bytes());
+            hash.update(kind.as_bytes());
+            hash.update(name.as_bytes());
         }
         hash_field(&mut hash, key.0.as_bytes());
         Self(hash.finalize().into())
