@@ -549,3 +549,32 @@ async fn client_post_status<S: Store>(proxy: &Proxy<S>, key: &str) -> u16 {
         .status
         .as_u16()
 }
+
+/// SPEC §16: with `errors.format: template`, the key API's problems take the template's
+/// shape too, statuses and headers unchanged.
+#[tokio::test]
+async fn admin_problems_follow_the_error_template() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nerrors:\n  format: template\n  \
+                template: '{\"error\":{\"code\":\"{slug}\",\"status\":{status}}}'\n  \
+                content_type: application/vnd.legacy+json\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let admin = proxy.admin().await;
+    let absent = admin
+        .send(
+            "GET",
+            &format!("/keys/idemgate:{}", "3".repeat(64)),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(absent.status, 404);
+    assert_eq!(
+        absent.headers["content-type"],
+        "application/vnd.legacy+json"
+    );
+    assert_eq!(
+        absent.json(),
+        serde_json::json!({"error": {"code": "key-not-found", "status": 404}})
+    );
+}

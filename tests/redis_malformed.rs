@@ -111,7 +111,11 @@ async fn a_record_that_cannot_be_read_is_never_forwarded_even_under_pass_through
         "k-from-the-future",
     )
     .expect("guarded");
-    for value in ["\u{3}\u{2}a record of format 3", "\u{2}"] {
+    let admin = proxy.admin().await;
+    for (i, value) in ["\u{3}\u{2}a record of format 3", "\u{2}"]
+        .iter()
+        .enumerate()
+    {
         redis.cli(&["SET", &id, value, "PX", "60000"]);
         let answer = proxy
             .client()
@@ -119,10 +123,23 @@ async fn a_record_that_cannot_be_read_is_never_forwarded_even_under_pass_through
             .await;
         assert_eq!(answer.status, 503, "{}", answer.text());
         assert_eq!(answer.problem(), "store-unavailable");
-        assert_eq!(up.count(), 0, "never forwarded");
+        assert_eq!(up.count(), i, "never forwarded");
+        // The operator's way out (SPEC §13): the purge removes it, is counted, and the
+        // next request executes.
+        let purged = admin.send("DELETE", &format!("/keys/{id}"), &[], "").await;
+        assert_eq!(purged.status, 204, "{}", purged.text());
+        assert_eq!(proxy.state.metrics.purges(), i as u64 + 1);
+        let answer = proxy
+            .client()
+            .post("/charges", "k-from-the-future", "{}")
+            .await;
+        assert_eq!(answer.status, 201, "{}", answer.text());
+        assert_eq!(up.count(), i + 1);
+        redis.cli(&["DEL", &id]);
     }
     // A key with nothing under it still follows on_unavailable when Redis is down: that
     // is what pass_through is for.
     let other = proxy.client().post("/charges", "k-fresh", "{}").await;
     assert_eq!(other.status, 201);
+    assert_eq!(up.count(), 3);
 }

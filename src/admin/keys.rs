@@ -39,7 +39,7 @@ pub(super) async fn answer<S: Store, B>(
 ) -> Response<Full<Bytes>> {
     match serve(state, req, id, caller).await {
         Ok(response) => response,
-        Err(err) => problem(&err),
+        Err(err) => problem(&err, &state.config.errors),
     }
 }
 
@@ -80,10 +80,14 @@ async fn serve<S: Store, B>(
         .await
         .map_err(AdminError::StoreUnavailable)?
     {
-        Purged::Removed(record) => {
+        purged @ (Purged::Removed(_) | Purged::Unreadable) => {
+            let state_had = match &purged {
+                Purged::Removed(record) => state_name(record),
+                _ => "unreadable",
+            };
             tracing::warn!(
                 id = %shown,
-                state = state_name(&record),
+                state = state_had,
                 caller = %caller.peer,
                 force,
                 "admin purge: the record is removed, and the next request with its key executes again"
@@ -225,15 +229,13 @@ fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
     response
 }
 
-/// Admin problems are always problem+json: `errors` templates are for the proxy's
-/// clients, not for operators' tools.
-fn problem(err: &AdminError) -> Response<Full<Bytes>> {
-    let errors = ErrorsConfig::default();
+/// In the shape `errors` gives every answer idemgate makes itself (SPEC §16).
+fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
     let problem = err.problem();
-    let mut response = Response::new(Full::new(problem.body(&errors)));
+    let mut response = Response::new(Full::new(problem.body(errors)));
     *response.status_mut() = problem.status;
     let headers = response.headers_mut();
-    for (name, value) in problem.headers(&errors) {
+    for (name, value) in problem.headers(errors) {
         headers.append(name, value);
     }
     match err {

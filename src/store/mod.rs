@@ -99,6 +99,9 @@ pub struct Inspection {
 pub enum Purged {
     /// The record or marker that was there is gone.
     Removed(Record),
+    /// A value this version cannot decode (a later format, a damaged one) was removed:
+    /// the only way to free a key that such a value blocks (it is never forwarded).
+    Unreadable,
     /// An in-flight marker whose lease is live, and no `force`: nothing was changed.
     LiveLease,
     Absent,

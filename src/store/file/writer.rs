@@ -337,6 +337,10 @@ impl Tx<'_, '_> {
         }
         let record = match self.read(loc.id)? {
             Ok(record) => record,
+            Err(StoreError::Corrupt(_)) => {
+                self.remove(key)?;
+                return Ok(Ok(Purged::Unreadable));
+            }
             Err(err) => return Ok(Err(err)),
         };
         if !force && matches!(&record, Record::InFlight(m) if m.lease_deadline_ms > now) {

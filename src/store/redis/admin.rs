@@ -64,7 +64,10 @@ impl RedisStore {
         match items.as_slice() {
             [Value::Int(0)] => Ok(Purged::Absent),
             [Value::Int(2)] => Ok(Purged::LiveLease),
-            [Value::Int(1), Value::BulkString(value)] => Ok(Purged::Removed(decode(value)?)),
+            // Removed already; a value this version cannot decode is still a purge.
+            [Value::Int(1), Value::BulkString(value)] => {
+                Ok(decode(value).map_or(Purged::Unreadable, Purged::Removed))
+            }
             _ => Err(StoreError::Protocol("unexpected reply to the purge script")),
         }
     }
