@@ -301,15 +301,24 @@ impl RedisStore {
         key: &ScopedKey,
         args: &[&[u8]],
     ) -> Result<Fenced, StoreError> {
-        let mut conn = self.conn().await?;
+        self.owner_checked_on(&mut self.conn().await?, script, key, args)
+            .await
+    }
+
+    /// [`owner_checked`](Self::owner_checked) on `conn`: the connection whose `WAIT`
+    /// then asks after this write.
+    async fn owner_checked_on(
+        &self,
+        conn: &mut Conn,
+        script: &Script,
+        key: &ScopedKey,
+        args: &[&[u8]],
+    ) -> Result<Fenced, StoreError> {
         let mut invocation = script.key(self.record_key(key));
         for arg in args {
             invocation.arg(*arg);
         }
-        let done: i64 = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let done: i64 = invocation.invoke_async(conn).await.map_err(unavailable)?;
         Ok(if done == 1 {
             Fenced::Done
         } else {
@@ -350,10 +359,12 @@ impl Store for RedisStore {
     type Watch = RedisWatch;
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        // Before the connection is taken: a Sentinel switch after it is then seen, and
+        // the WAIT's budget is the whole call's.
+        let written = self.before_write();
         let mut conn = self.conn().await?;
         // Asked first: on first use it is a round trip, which the lease must not lose.
         let with = self.claim_with(&mut conn).await?;
-        let written = self.before_write();
         let now = now_ms();
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
@@ -392,12 +403,12 @@ impl Store for RedisStore {
             channel.as_bytes(),
         ];
         let written = self.before_write();
+        let mut conn = self.conn().await?;
         let done = self
-            .owner_checked(&self.scripts.complete, &lease.key, &args)
+            .owner_checked_on(&mut conn, &self.scripts.complete, &lease.key, &args)
             .await?;
-        if done == Fenced::Done && self.replicas.wanted() > 0 {
-            self.record_replicated(&mut self.conn().await?, written)
-                .await;
+        if done == Fenced::Done {
+            self.record_replicated(&mut conn, written).await;
         }
         Ok(done)
     }
@@ -438,15 +449,15 @@ impl Store for RedisStore {
             now.as_bytes(),
         ];
         let written = self.before_write();
+        let mut conn = self.conn().await?;
         Ok(
             match self
-                .owner_checked(&self.scripts.take_over, &req.key, &args)
+                .owner_checked_on(&mut conn, &self.scripts.take_over, &req.key, &args)
                 .await?
             {
                 Fenced::Done => {
                     // A take-over is a claim: the same WAIT.
-                    self.claim_replicated(&mut self.conn().await?, written)
-                        .await?;
+                    self.claim_replicated(&mut conn, written).await?;
                     Some(req.lease(claimed_at))
                 }
                 Fenced::LeaseLost => None,

@@ -52,6 +52,9 @@ struct LastWait {
     covers: u64,
     /// Replicas that acknowledged them all; `None` when it failed or timed out.
     acked: Option<u32>,
+    /// The claim mode's epoch it was sent in: it says nothing of a write made on a
+    /// connection (or master) of another epoch.
+    epoch: u64,
 }
 
 /// What `WAIT` said of a write.
@@ -79,10 +82,6 @@ impl Replicas {
             writes: AtomicU64::new(0),
             last: AsyncMutex::new(LastWait::default()),
         }
-    }
-
-    pub(super) fn wanted(&self) -> u32 {
-        self.wanted
     }
 
     pub(super) fn count_shortfalls_in(&self, counter: Counter) {
@@ -128,7 +127,7 @@ impl RedisStore {
         let give_up = replicas.give_up_at(written.started);
         let acked = match tokio::time::timeout_at(give_up, replicas.last.lock()).await {
             Err(_) => None,
-            Ok(last) if last.covers > write => last.acked,
+            Ok(last) if last.covers > write && last.epoch == written.epoch => last.acked,
             Ok(mut last) => {
                 let covers = replicas.writes.load(Ordering::Acquire);
                 let mut wait = redis::cmd("WAIT");
@@ -142,7 +141,11 @@ impl RedisStore {
                     }
                     Err(_) => None,
                 };
-                *last = LastWait { covers, acked };
+                *last = LastWait {
+                    covers,
+                    acked,
+                    epoch: written.epoch,
+                };
                 acked
             }
         };
