@@ -307,7 +307,7 @@ async fn run_with<S: Store>(
     if let Some(addr) = config.admin.listen {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(admin) => {
-                tracing::info!(admin = %addr, "admin listening: /healthz /readyz /metrics");
+                tracing::info!(admin = %addr, "admin listening: /healthz /readyz /metrics /keys");
                 tokio::spawn(serve_admin(
                     admin,
                     Arc::clone(&state),

@@ -216,11 +216,13 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     up.open_gate();
     let (first, second) = (held.await.expect("first"), retry.await.expect("retry"));
     assert_eq!((first.status.as_u16(), second.status.as_u16()), (201, 201));
-    proxy
+    let lost = proxy
         .state
         .metrics
-        .wait_until(|m| m.requests(Outcome::LeaseLost) == 1)
-        .await;
+        .wait_until(|m| m.requests(Outcome::LeaseLost) == 1);
+    tokio::time::timeout(Duration::from_secs(10), lost)
+        .await
+        .expect("the fenced request is counted lease_lost");
     let replay = client.post("/gate/charges", "order-7732", "{}").await;
     assert!(replay.replayed());
     assert_eq!(
@@ -414,14 +416,41 @@ async fn without_a_token_only_a_loopback_listener_serves_keys() {
 #[tokio::test]
 async fn a_purge_is_logged_and_counted_without_secrets() {
     let up = Upstream::start().await;
-    let admin_port = free_port();
-    let config = TempConfig::new(&format!(
-        "upstream:\n  url: {}\nadmin:\n  listen: 127.0.0.1:{admin_port}\n  token: ${{ADMIN_TOKEN}}\nlog:\n  format: json\n  level: info\n",
-        up.url()
-    ));
+    // The admin port is picked free and may be taken before idemgate binds it (another
+    // test's server): then idemgate logs so and keeps serving, and this tries another.
+    let mut attempts = 0;
+    let (config, admin_port, mut running) = loop {
+        attempts += 1;
+        let admin_port = free_port();
+        let config = TempConfig::new(&format!(
+            "upstream:\n  url: {}\nadmin:\n  listen: 127.0.0.1:{admin_port}\n  token: ${{ADMIN_TOKEN}}\nlog:\n  format: json\n  level: info\n",
+            up.url()
+        ));
+        let path = config.path().display().to_string();
+        let mut running =
+            Running::start_with_env(&["--config", &path], &[("ADMIN_TOKEN", TOKEN)]).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let bound = loop {
+            let log = running.stderr();
+            if log.contains("admin listening") {
+                break true;
+            }
+            if log.contains("admin listener not started") {
+                break false;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no admin listener:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        if bound {
+            break (config, admin_port, running);
+        }
+        running.kill().await;
+        assert!(attempts < 5, "no free admin port in 5 attempts");
+    };
     let path = config.path().display().to_string();
-    let mut running =
-        Running::start_with_env(&["--config", &path], &[("ADMIN_TOKEN", TOKEN)]).await;
     let client = TestClient::new(running.addr);
     let secret_key = "customer-4242-payment-77";
     assert_eq!(
@@ -440,15 +469,6 @@ async fn a_purge_is_logged_and_counted_without_secrets() {
     assert_eq!(id.code(), Some(0), "{}", id.stderr);
     let id = id.stdout.trim().to_owned();
     let admin = TestClient::new(([127, 0, 0, 1], admin_port).into());
-    // The admin listener comes up beside the proxy's: wait until it accepts.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(admin.addr()).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "admin listener never came up"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let bearer = format!("Bearer {TOKEN}");
     let auth = [("authorization", bearer.as_str())];
     let seen = admin.send("GET", &format!("/keys/{id}"), &auth, "").await;
@@ -537,17 +557,15 @@ async fn a_record_from_before_times_were_kept_is_reported_and_purged() {
             .status,
         204
     );
-    assert_eq!(client_post_status(&proxy, "old-key").await, 201);
+    assert_eq!(
+        proxy
+            .client()
+            .post("/charges", "old-key", "{}")
+            .await
+            .status,
+        201
+    );
     assert_eq!(up.count(), 1, "the purged key executed");
-}
-
-async fn client_post_status<S: Store>(proxy: &Proxy<S>, key: &str) -> u16 {
-    proxy
-        .client()
-        .post("/charges", key, "{}")
-        .await
-        .status
-        .as_u16()
 }
 
 /// SPEC §16: with `errors.format: template`, the key API's problems take the template's

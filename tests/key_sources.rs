@@ -220,6 +220,12 @@ async fn json_sources_buffer_under_max_request_body_and_required_refuses_keyless
     let answer = post(&c, "/orders", &[JSON], &big).await;
     assert_eq!(answer.status, 413, "buffered before the key is known");
     assert_eq!(answer.problem(), "body-too-large");
+    // Without a key in it too: the body had to be read to find out.
+    let keyless = format!(r#"{{"pad":"{}"}}"#, "x".repeat(100));
+    let answer = post(&c, "/orders", &[JSON], &keyless).await;
+    assert_eq!(answer.status, 413, "buffered to look for the key");
+    assert_eq!(answer.problem(), "body-too-large");
+    assert_eq!(up.count(), 0);
     let answer = post(&c, "/strict", &[JSON], r#"{"no":"id"}"#).await;
     assert_eq!(answer.status, 400);
     assert_eq!(answer.problem(), "missing-key");
