@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind};
-use crate::proxy::{AppState, Shutdown, serve};
+use crate::proxy::{AppState, Shutdown, serve_workers};
 use crate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
@@ -73,6 +73,8 @@ enum CliError {
     },
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("{0}")]
+    Workers(#[from] crate::proxy::WorkerError),
     #[error("{0}")]
     RecordId(#[from] crate::proxy::RecordIdError),
     #[error("--method: '{0}' is not an HTTP method")]
@@ -142,14 +144,19 @@ pub fn main() -> ExitCode {
         }),
         _ => None,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // Worker 0 runs on this thread; `serve_workers` starts the others.
+    crate::logs::batch_on_this_thread();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_park(crate::logs::flush)
         .build()
     {
         Ok(rt) => rt,
         Err(err) => return fail(&CliError::Runtime(err)),
     };
-    match runtime.block_on(run(config, reload_from)) {
+    let outcome = runtime.block_on(run(config, reload_from));
+    crate::logs::flush();
+    match outcome {
         Ok(Shutdown::Drained) => ExitCode::SUCCESS,
         Ok(Shutdown::TimedOut) => ExitCode::FAILURE,
         // Logging is set up by now: the error goes out in the configured format.
@@ -224,7 +231,7 @@ fn init_logs(config: &Config) -> SetLevel {
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(ansi)
-                    .with_writer(std::io::stderr),
+                    .with_writer(crate::logs::Stderr),
             )
             .try_init(),
         LogFormat::Json => registry
@@ -232,7 +239,7 @@ fn init_logs(config: &Config) -> SetLevel {
                 tracing_subscriber::fmt::layer()
                     .json()
                     .flatten_event(true)
-                    .with_writer(std::io::stderr),
+                    .with_writer(crate::logs::Stderr),
             )
             .try_init(),
     };
@@ -254,7 +261,7 @@ struct Reload {
 
 async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliError> {
     let config = Arc::new(config);
-    let listener = crate::proxy::bind(config.listen)
+    let listeners = crate::proxy::bind_workers(config.listen, config.workers.resolve())
         .await
         .map_err(|source| CliError::Bind {
             addr: config.listen,
@@ -263,7 +270,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
     match config.store.kind {
         StoreKind::Memory => {
             let store = MemoryStore::new(config.store.max_entries);
-            Ok(run_with(listener, config, store, reload).await)
+            run_with(listeners, config, store, reload).await
         }
         StoreKind::File => {
             let store = FileStore::open(&FileOptions::from_config(&config.store))?;
@@ -273,10 +280,11 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 entries = store.len(),
                 "file store open"
             );
-            Ok(run_with(listener, config, store, reload).await)
+            run_with(listeners, config, store, reload).await
         }
         StoreKind::Redis => {
-            let mut store = RedisStore::new(&config.store).map_err(CliError::Store)?;
+            let mut store = RedisStore::for_workers(&config.store, config.workers.resolve())
+                .map_err(CliError::Store)?;
             if !config.uses_wait() {
                 store = store.without_notifications();
             }
@@ -285,21 +293,22 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 Arc::clone(&store),
                 config.store.redacted_urls(),
             ));
-            Ok(run_with(listener, config, store, reload).await)
+            run_with(listeners, config, store, reload).await
         }
     }
 }
 
 async fn run_with<S: Store>(
-    listener: tokio::net::TcpListener,
+    listeners: Vec<tokio::net::TcpListener>,
     config: Arc<Config>,
     store: S,
     reload: Option<Reload>,
-) -> Shutdown {
+) -> Result<Shutdown, CliError> {
     tracing::info!(
         listen = %config.listen,
         upstream = %config.upstream.url,
         store = ?config.store.kind,
+        workers = listeners.len(),
         "idemgate serving"
     );
     let state = Arc::new(AppState::new(Arc::clone(&config), store));
@@ -319,11 +328,11 @@ async fn run_with<S: Store>(
         }
     }
     let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload));
-    let outcome = serve(listener, state, shutdown_signal()).await;
+    let outcome = serve_workers(listeners, state, shutdown_signal()).await;
     reloader.abort();
     // Health and metrics stay up while in-flight requests drain.
     admin_stop.cancel();
-    outcome
+    Ok(outcome?)
 }
 
 /// SPEC §14: each SIGHUP re-reads the file; without one it is logged and ignored.

@@ -15,6 +15,8 @@
 //! - [`proxy`]: accept loop and shutdown, then the request path in the order a request
 //!   visits it: handler, claim, exchange, lease, reply, upstream.
 //! - [`metrics`]: request outcomes and counters.
+//! - [`logs`]: log lines to stderr, batched on the worker threads.
+//! - [`worker`]: which worker thread a call runs on, and what each worker owns.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.
 
 pub mod admin;
@@ -23,6 +25,8 @@ pub mod config;
 mod error;
 mod failpoint;
 pub mod idempotency;
+pub mod logs;
 pub mod metrics;
 pub mod proxy;
 pub mod store;
+pub mod worker;

@@ -60,10 +60,35 @@ pub struct Config {
     pub listen_header_timeout: Duration,
     /// Open client connections at most; past it new ones wait in the listen backlog.
     pub max_connections: usize,
+    /// How many single-threaded workers serve the listener (`auto`: one per CPU).
+    pub workers: Workers,
     /// Request and response bodies held in memory at once, across all requests.
     pub max_buffered_bytes: u64,
     /// The shape of the answers idemgate makes itself (SPEC §16).
     pub errors: ErrorsConfig,
+}
+
+/// `workers`: each worker is one thread with its own runtime, listener socket
+/// (`SO_REUSEPORT`), upstream connections and Redis connection, so a request is served
+/// start to end on one thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    /// One per CPU the process may use (its affinity and cgroup quota included).
+    Auto,
+    Count(std::num::NonZeroUsize),
+}
+
+impl Workers {
+    /// The most workers a configuration may ask for.
+    pub const MAX: usize = 1024;
+
+    /// How many threads serve.
+    pub fn resolve(self) -> usize {
+        match self {
+            Workers::Auto => std::thread::available_parallelism().map_or(1, usize::from),
+            Workers::Count(n) => n.get(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

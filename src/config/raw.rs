@@ -15,7 +15,7 @@ use serde::{Deserialize, Deserializer};
 use super::policy::{RawPolicy, RawRoute};
 use super::sections::{RawErrors, RawLog, RawUpstream};
 use super::sentinel::RawSentinel;
-use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl};
+use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl, WorkerCount};
 use super::{ConfigError, OnUnavailable, RouteMatch, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
@@ -65,6 +65,7 @@ pub(super) struct RawConfig {
     pub(super) route_match: Option<Pick<RouteMatch>>,
     pub(super) listen_header_timeout: Option<Dur>,
     pub(super) max_connections: Option<Count>,
+    pub(super) workers: Option<WorkerCount>,
     pub(super) max_buffered_bytes: Option<Size>,
     pub(super) errors: Option<RawErrors>,
 }

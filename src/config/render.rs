@@ -11,10 +11,10 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde_yaml::{Mapping, Value};
 
-use super::Config;
 use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
+use super::{Config, Workers};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{KeySource, display_name};
 
@@ -94,6 +94,10 @@ pub(super) fn to_yaml(config: &Config) -> String {
         duration(&config.listen_header_timeout),
     );
     put(&mut root, "max_connections", config.max_connections as u64);
+    match config.workers {
+        Workers::Auto => put(&mut root, "workers", "auto"),
+        Workers::Count(n) => put(&mut root, "workers", n.get() as u64),
+    }
     put(
         &mut root,
         "max_buffered_bytes",

@@ -6,10 +6,10 @@ use std::time::Duration;
 use super::policy::RawRoute;
 use super::raw::{RawAdmin, RawConfig, RawStore};
 use super::units;
-use super::values::Raw;
+use super::values::{Raw, WorkerCount};
 use super::{
     AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
-    Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, redact_url,
+    Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::source::KeySource;
@@ -50,9 +50,27 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
                 .filter(|n| *n >= 1)
                 .ok_or_else(|| ConfigError::invalid("max_connections", "must be at least 1"))?,
         },
+        workers: build_workers(raw.workers)?,
         max_buffered_bytes: raw.max_buffered_bytes.map_or(256 << 20, |s| s.0),
         errors: build_errors(raw.errors.unwrap_or_default().typed())?,
     })
+}
+
+fn build_workers(raw: Option<WorkerCount>) -> Result<Workers, ConfigError> {
+    let Some(WorkerCount(Some(n))) = raw else {
+        return Ok(Workers::Auto);
+    };
+    usize::try_from(n)
+        .ok()
+        .filter(|n| *n <= Workers::MAX)
+        .and_then(std::num::NonZeroUsize::new)
+        .map(Workers::Count)
+        .ok_or_else(|| {
+            ConfigError::invalid(
+                "workers",
+                format!("must be auto or between 1 and {}", Workers::MAX),
+            )
+        })
 }
 
 /// `upstream.tls` goes with an `https://` URL; its files were read while

@@ -220,6 +220,20 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
+/// `workers`: `auto` (one per CPU) or a count; `None` is `auto`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WorkerCount(pub(super) Option<u64>);
+
+impl<'de> Deserialize<'de> for WorkerCount {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "auto or a number of workers";
+        match Scalar::read(d, EXPECTING)? {
+            Scalar::Str(text) if text.trim() == "auto" => Ok(WorkerCount(None)),
+            other => other.into_u64(EXPECTING).map(|n| WorkerCount(Some(n))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Flag(pub(super) bool);
 

@@ -90,7 +90,7 @@ async fn exchange<S: Store>(
     );
     let started = Instant::now();
     let sent = lease
-        .renewing(upstream::send(&live.client, request, deadline))
+        .renewing(upstream::send(live.client(), request, deadline))
         .await;
     let (mut head, body) = match sent {
         Ok(response) => response.into_parts(),

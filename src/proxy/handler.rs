@@ -350,7 +350,7 @@ async fn forward_unguarded<S: Store>(
     let request = upstream_request(&live.config.upstream.url, parts, peer, body);
     let started = tokio::time::Instant::now();
     let deadline = started + live.config.upstream.timeout;
-    let sent = upstream::send(&live.client, request, deadline).await;
+    let sent = upstream::send(live.client(), request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
     match sent {
         Ok(response) => Ok(response.map(ProxyBody::stream)),

@@ -12,6 +12,8 @@
 //! 4. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
 //! 5. `reply.rs`: replays, problems, and the one place an answer is counted and logged;
 //! 6. `upstream.rs`: the pooled client, `send`, header rewriting; `body.rs`: body types.
+//!
+//! `workers.rs` runs [`serve`] once per worker thread, each on its own listener socket.
 
 mod body;
 mod budget;
@@ -26,6 +28,7 @@ mod reply;
 mod upgrade;
 mod upstream;
 mod view;
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -46,27 +49,36 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Policy};
 use crate::metrics::Metrics;
 use crate::store::{Deadline, Store, Timed};
+use crate::worker::PerWorker;
 pub use body::{ProxyBody, RequestBody};
 pub use handler::{RecordIdError, handle, record_id};
 pub use upstream::UpstreamClient;
+pub use workers::{WorkerError, bind_workers, serve_workers};
 
 /// Which policy a request runs under: a route's, or the top-level `idempotency`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyId(Option<usize>);
 
 /// What a reload replaces (SPEC §14): the configuration requests start under, and the
-/// upstream client built from its `upstream` section. A request takes one `Live` when
+/// upstream clients built from its `upstream` section. A request takes one `Live` when
 /// it starts and keeps it to the end, so it finishes under the policy it started with.
 #[derive(Debug)]
 pub struct Live {
     pub config: Arc<Config>,
-    pub client: UpstreamClient,
+    /// One connection pool per worker: a pooled connection is driven by a task on the
+    /// runtime that opened it, so sharing one pool would hand requests across threads.
+    clients: PerWorker<UpstreamClient>,
 }
 
 impl Live {
     pub fn new(config: Arc<Config>) -> Self {
-        let client = upstream::client(&config.upstream);
-        Self { config, client }
+        let clients = upstream::clients(&config.upstream, config.workers.resolve());
+        Self { config, clients }
+    }
+
+    /// The calling worker's upstream client.
+    pub fn client(&self) -> &UpstreamClient {
+        self.clients.get()
     }
 
     pub fn policy_id(&self, path: &str) -> PolicyId {
@@ -98,6 +110,8 @@ pub struct AppState<S> {
     tasks: TaskTracker,
     /// Bounds how many background retries run at once (`lease.rs`).
     retries: Arc<Semaphore>,
+    /// `max_connections`: places for open client connections, shared by the workers.
+    connections: Arc<Semaphore>,
     /// `max_buffered_bytes`: the bodies held in memory at once (`budget.rs`).
     budget: Arc<budget::Budget>,
     /// Upgraded connections joined to the upstream (`upgrade.rs`), and what closes them
@@ -127,6 +141,7 @@ impl<S: Store> AppState<S> {
         );
         Self {
             budget,
+            connections: Arc::new(Semaphore::new(config.max_connections)),
             config,
             live,
             store,
@@ -152,7 +167,7 @@ impl<S: Store> AppState<S> {
         let live = if config.upstream == current.config.upstream {
             Live {
                 config: Arc::new(config),
-                client: current.client.clone(),
+                clients: current.clients.clone(),
             }
         } else {
             Live::new(Arc::new(config))
@@ -189,16 +204,19 @@ pub async fn serve<S: Store>(
         .max_buf_size(64 * 1024)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
-    // Past `max_connections`, connections wait in the listen backlog (SPEC §15).
-    let open = Arc::new(Semaphore::new(state.config.max_connections));
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&open).acquire_owned() => permit,
-            () = &mut shutdown => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = accept(&listener) => accepted,
+            () = &mut shutdown => break,
+        };
+        // Past `max_connections`, connections wait in the listen backlog (SPEC §15). The
+        // limit is shared by the workers, so a connection is accepted before it waits
+        // for its place: a worker holding a place while it waits for a connection that
+        // the kernel gave another worker would leave that one unserved below the limit.
+        // Each worker holds at most this one connection unserved.
+        let permit = tokio::select! {
+            permit = Arc::clone(&state.connections).acquire_owned() => permit,
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
@@ -228,7 +246,10 @@ pub async fn serve<S: Store>(
         });
     }
     drop(listener);
-    tracing::info!("shutting down: listener closed, finishing in-flight requests");
+    tracing::info!(
+        worker = crate::worker::index(),
+        "shutting down: listener closed, finishing in-flight requests"
+    );
     // A reload may have changed it (SPEC §14).
     let limit = state.live().config.shutdown_timeout;
     let until = tokio::time::Instant::now() + limit;
@@ -306,9 +327,4 @@ pub async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAdd
             }
         }
     }
-}
-
-/// Binds the proxy's listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }

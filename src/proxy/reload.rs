@@ -31,7 +31,7 @@ type Same = fn(&Config, &Config) -> bool;
 /// The keys a running proxy cannot change, each with how to read it: the listeners,
 /// the store and the log format (SPEC §14), and what the accept loop and the answers
 /// were built with at start-up.
-const RESTART_ONLY: [(&str, Same); 8] = [
+const RESTART_ONLY: [(&str, Same); 9] = [
     ("listen", |a, b| a.listen == b.listen),
     ("admin.listen", |a, b| a.admin.listen == b.admin.listen),
     ("store", |a, b| a.store == b.store),
@@ -39,6 +39,7 @@ const RESTART_ONLY: [(&str, Same); 8] = [
     ("max_connections", |a, b| {
         a.max_connections == b.max_connections
     }),
+    ("workers", |a, b| a.workers == b.workers),
     ("max_buffered_bytes", |a, b| {
         a.max_buffered_bytes == b.max_buffered_bytes
     }),
@@ -96,6 +97,7 @@ mod tests {
             ("store:\n  key_prefix: other\n", "store"),
             ("log:\n  format: json\n", "log.format"),
             ("max_connections: 5\n", "max_connections"),
+            ("workers: 3\n", "workers"),
             ("max_buffered_bytes: 1MiB\n", "max_buffered_bytes"),
             ("listen_header_timeout: 1s\n", "listen_header_timeout"),
             (

@@ -55,7 +55,7 @@ pub(crate) async fn pass<S: Store, B: RequestBody>(
     }
     let started = Instant::now();
     let deadline = started + live.config.upstream.timeout;
-    let sent = upstream::send_keeping_upgrade(&live.client, request, deadline).await;
+    let sent = upstream::send_keeping_upgrade(live.client(), request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
     let mut response =
         sent.map_err(|failure| ProxyError::PassThroughFailed(Box::new(failure.into())))?;

@@ -18,6 +18,7 @@ use super::budget::Held;
 use super::connector::UpstreamConnector;
 use crate::config::{UpstreamConfig, tls_client_config};
 use crate::error::{BoxError, ProxyError, UnknownCause};
+use crate::worker::PerWorker;
 
 pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
 
@@ -48,14 +49,19 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 /// For an `https://` upstream the server certificate is verified against the system
 /// store plus `upstream.tls.ca_file` (SPEC §11); the TLS handshake has
 /// `connect_timeout` too.
-pub(crate) fn client(config: &UpstreamConfig) -> UpstreamClient {
+///
+/// One client, each with its own pool, for each of `workers` workers (a pooled
+/// connection is driven on the runtime that opened it); the trust store is read once.
+pub(crate) fn clients(config: &UpstreamConfig, workers: usize) -> PerWorker<UpstreamClient> {
     let tls = if config.url.scheme_str() == Some("https") {
         tls_client_config(config.tls.as_ref(), system_roots())
             .map_err(|(path, msg)| format!("{path}: {msg}"))
     } else {
         Err("the upstream URL is http://".to_owned())
     };
-    pooled(config.connect_timeout, POOL_IDLE, tls)
+    PerWorker::new(workers, |_| {
+        pooled(config.connect_timeout, POOL_IDLE, tls.clone())
+    })
 }
 
 /// The system trust store; certificates it holds that rustls cannot parse are skipped,

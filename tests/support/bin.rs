@@ -271,6 +271,11 @@ impl Running {
         let _ = self.child.kill().await;
     }
 
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("a running child has a pid")
+    }
+
     pub fn has_exited(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_some()
     }

@@ -668,6 +668,16 @@ fn the_keys_of_one_view_and_of_answers_have_their_defaults_and_their_errors() {
 
     error_at(&with_minimal("route_match: fuzzy\n"), "route_match");
     error_at(&with_minimal("max_connections: 0\n"), "max_connections");
+    assert_eq!(config.workers, Workers::Auto);
+    assert!(config.workers.resolve() >= 1);
+    assert_eq!(
+        parse_ok(&with_minimal("workers: auto\n")).workers,
+        Workers::Auto
+    );
+    assert_eq!(parse_ok(&with_minimal("workers: 2\n")).workers.resolve(), 2);
+    for bad in ["0", "-1", "1025", "lots", "1.5", "true"] {
+        error_at(&with_minimal(&format!("workers: {bad}\n")), "workers");
+    }
     error_at(
         &with_minimal("max_buffered_bytes: lots\n"),
         "max_buffered_bytes",

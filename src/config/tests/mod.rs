@@ -201,6 +201,7 @@ shutdown_timeout: 1h 30m
 route_match: case_insensitive
 listen_header_timeout: 5s
 max_connections: 512
+workers: 3
 max_buffered_bytes: 64MiB
 errors:
   format: template
@@ -300,6 +301,10 @@ fn every_key_can_be_overridden() {
     assert_eq!(config.route_match, RouteMatch::CaseInsensitive);
     assert_eq!(config.listen_header_timeout, secs(5));
     assert_eq!(config.max_connections, 512);
+    assert_eq!(
+        config.workers,
+        Workers::Count(std::num::NonZeroUsize::new(3).expect("3 is not 0"))
+    );
     assert_eq!(config.max_buffered_bytes, 64 << 20);
     assert_eq!(config.errors.format, ErrorFormat::Template);
     assert_eq!(

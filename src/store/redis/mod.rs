@@ -29,6 +29,7 @@ use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::worker::PerWorker;
 use claim::Found;
 use version::ClaimMode;
 pub use watch::RedisWatch;
@@ -102,13 +103,21 @@ impl ConnectionLike for Conn {
     }
 }
 
-/// How the store reaches Redis. A cluster connection is made on first use, so that
-/// idemgate starts (and reports not ready) while the cluster is unreachable.
+/// How the store reaches Redis: a connection per worker (`crate::worker`), made on the
+/// worker's first call so that its driver task runs on that worker; or, behind
+/// Sentinel, the one connection to the master it names.
 enum Backend {
-    Single(ConnectionManager),
-    Cluster(Box<LazyCluster>),
+    Direct(PerWorker<Lane>),
     /// SPEC §14: the master the sentinels name (`sentinel.rs`).
     Sentinel(Box<sentinel::Master>),
+}
+
+/// One worker's way to Redis.
+enum Lane {
+    Single(ConnectionManager),
+    /// Made on first use, so that idemgate starts (and reports not ready) while the
+    /// cluster is unreachable.
+    Cluster(Box<LazyCluster>),
 }
 
 struct LazyCluster {
@@ -116,13 +125,21 @@ struct LazyCluster {
     conn: OnceCell<ClusterConnection>,
 }
 
-impl std::fmt::Debug for Backend {
+impl std::fmt::Debug for Lane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Backend::Single(_) => "Backend::Single",
-            Backend::Cluster(_) => "Backend::Cluster",
-            Backend::Sentinel(_) => "Backend::Sentinel",
+            Lane::Single(_) => "Lane::Single",
+            Lane::Cluster(_) => "Lane::Cluster",
         })
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Direct(lanes) => f.debug_tuple("Backend::Direct").field(lanes).finish(),
+            Backend::Sentinel(_) => f.write_str("Backend::Sentinel"),
+        }
     }
 }
 
@@ -174,6 +191,12 @@ impl RedisStore {
     /// Builds the client without connecting: the first request (or `/readyz`) connects,
     /// and a Redis that is down at start-up does not stop idemgate from starting.
     pub fn new(config: &StoreConfig) -> Result<Self, StoreError> {
+        Self::for_workers(config, 1)
+    }
+
+    /// As [`RedisStore::new`], with a connection of its own for each of `workers`
+    /// workers (a Sentinel-named master is reached over one connection for all).
+    pub fn for_workers(config: &StoreConfig, workers: usize) -> Result<Self, StoreError> {
         let watchers = Arc::new(Watchers::default());
         let claim_mode = Arc::new(ClaimMode::default());
         let sender = watch::PushDispatch {
@@ -192,9 +215,11 @@ impl RedisStore {
                 .retries(2)
                 .build()
                 .map_err(unavailable)?;
-            Backend::Cluster(Box::new(LazyCluster {
-                client,
-                conn: OnceCell::new(),
+            Backend::Direct(PerWorker::new(workers, |_| {
+                Lane::Cluster(Box::new(LazyCluster {
+                    client: client.clone(),
+                    conn: OnceCell::new(),
+                }))
             }))
         } else if let Some(sentinels) = &config.sentinel {
             Backend::Sentinel(Box::new(sentinel::Master::new(
@@ -219,9 +244,11 @@ impl RedisStore {
             let client = redis::Client::open(info).map_err(unavailable)?;
             let manager_config =
                 manager_config(config.timeout, response_timeout).set_push_sender(sender);
-            let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
-                .map_err(unavailable)?;
-            Backend::Single(manager)
+            Backend::Direct(PerWorker::try_new(workers, |_| {
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
+                    .map(Lane::Single)
+                    .map_err(unavailable)
+            })?)
         };
         Ok(Self {
             backend,
@@ -235,17 +262,30 @@ impl RedisStore {
         })
     }
 
+    /// The calling worker's connection.
     async fn conn(&self) -> Result<Conn, StoreError> {
+        self.conn_of(PerWorker::get).await
+    }
+
+    /// The one connection that carries the waiters' subscriptions: a subscription made
+    /// by a waiter on one worker may be ended by the last waiter on another.
+    async fn watch_conn(&self) -> Result<Conn, StoreError> {
+        self.conn_of(PerWorker::first).await
+    }
+
+    async fn conn_of(&self, pick: fn(&PerWorker<Lane>) -> &Lane) -> Result<Conn, StoreError> {
         match &self.backend {
-            Backend::Single(manager) => Ok(Conn::Single(manager.clone())),
-            Backend::Cluster(lazy) => {
-                let conn = lazy
-                    .conn
-                    .get_or_try_init(|| lazy.client.get_async_connection())
-                    .await
-                    .map_err(unavailable)?;
-                Ok(Conn::Cluster(conn.clone()))
-            }
+            Backend::Direct(lanes) => match pick(lanes) {
+                Lane::Single(manager) => Ok(Conn::Single(manager.clone())),
+                Lane::Cluster(lazy) => {
+                    let conn = lazy
+                        .conn
+                        .get_or_try_init(|| lazy.client.get_async_connection())
+                        .await
+                        .map_err(unavailable)?;
+                    Ok(Conn::Cluster(conn.clone()))
+                }
+            },
             Backend::Sentinel(master) => Ok(Conn::Sentinel(master.conn().await?)),
         }
     }
@@ -467,7 +507,7 @@ impl Store for RedisStore {
 
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
         let channel = self.watch_channel(&key);
-        let conn = self.conn().await?;
+        let conn = self.watch_conn().await?;
         let watch = self.watchers.register(channel, conn);
         watch.subscribe().await.map_err(unavailable)?;
         Ok(watch)
