@@ -1,9 +1,10 @@
 //! What the harness prints: the machine, one line per run, the table with ratios to the
-//! baseline, the targets of issue 6, and every failed check.
+//! baseline, and every failed check.
 
 use std::path::Path;
 
 use crate::cpu::{PerRequest, Usage};
+use crate::goals;
 use crate::load::Outcome;
 use crate::procs;
 use crate::{Scenario, TargetKind};
@@ -103,11 +104,23 @@ impl Row {
         }
     }
 
+    pub(crate) fn target(&self) -> TargetKind {
+        self.target
+    }
+
+    pub(crate) fn scenario(&self) -> Scenario {
+        self.scenario
+    }
+
+    pub(crate) fn rps(&self) -> f64 {
+        self.outcome.rps()
+    }
+
     fn p50_ms(&self) -> f64 {
         self.outcome.latencies.quantile(0.50).as_secs_f64() * 1e3
     }
 
-    fn p99_ms(&self) -> f64 {
+    pub(crate) fn p99_ms(&self) -> f64 {
         self.outcome.latencies.quantile(0.99).as_secs_f64() * 1e3
     }
 }
@@ -166,16 +179,17 @@ pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool, have_redis: b
     for note in notes {
         println!("note: {note}");
     }
-    goals(rows, smoke);
+    goals::issues_6_and_12(rows, smoke);
     problems(rows, smoke, have_redis)
 }
 
-fn base(rows: &[Row], scenario: Scenario) -> Option<&Row> {
+/// The baseline's row of `scenario` among `rows`.
+pub(crate) fn base(rows: &[Row], scenario: Scenario) -> Option<&Row> {
     rows.iter()
         .find(|r| r.target == TargetKind::Baseline && r.scenario == scenario)
 }
 
-fn ratio(value: f64, of: f64) -> f64 {
+pub(crate) fn ratio(value: f64, of: f64) -> f64 {
     if of > 0.0 { value / of } else { f64::NAN }
 }
 
@@ -267,72 +281,6 @@ fn cpu_notes(rows: &[Row]) {
     }
 }
 
-fn goals(rows: &[Row], smoke: bool) {
-    println!(
-        "\ntargets of issues 6 and 12 (ratios to the plain proxy in this run){}:",
-        if smoke {
-            "; meaningless at smoke durations"
-        } else {
-            ""
-        }
-    );
-    for goal in GOALS {
-        let found = rows
-            .iter()
-            .find(|r| r.target == goal.target && r.scenario == goal.scenario);
-        let (Some(row), Some(b)) = (found, base(rows, goal.scenario)) else {
-            println!("  n/a           {}", goal.label);
-            continue;
-        };
-        let value = match goal.metric {
-            Metric::Rps => ratio(row.outcome.rps(), b.outcome.rps()),
-            Metric::P99 => ratio(row.p99_ms(), b.p99_ms()),
-        };
-        let pass = match goal.metric {
-            Metric::Rps => value >= goal.bound,
-            Metric::P99 => value <= goal.bound,
-        };
-        println!(
-            "  {}  {value:>5.2}×  {}",
-            if pass { "PASS" } else { "FAIL" },
-            goal.label
-        );
-    }
-    // Issue 11: a key read from the body costs at most 10 % of a miss's ratio.
-    for target in [TargetKind::Memory, TargetKind::Redis] {
-        let of = |scenario: Scenario| {
-            let row = rows
-                .iter()
-                .find(|r| r.target == target && r.scenario == scenario)?;
-            Some(ratio(
-                row.outcome.rps(),
-                base(rows, scenario)?.outcome.rps(),
-            ))
-        };
-        let label = format!(
-            "json-key on {}, req/s ratio >= 0.90x the miss ratio",
-            target.name()
-        );
-        match (of(Scenario::JsonKey), of(Scenario::Miss)) {
-            (Some(json), Some(miss)) => {
-                let value = ratio(json, miss);
-                let verdict = if value >= 0.90 { "PASS" } else { "FAIL" };
-                println!("  {verdict}  {value:>5.2}×  {label} ({json:.2}× / {miss:.2}×)");
-            }
-            _ => println!("  n/a           {label}"),
-        }
-    }
-    let nginx = rows
-        .iter()
-        .find(|r| r.target == TargetKind::Nginx && r.scenario == Scenario::Unguarded);
-    if let (Some(nginx), Some(b)) = (nginx, base(rows, Scenario::Unguarded)) {
-        println!(
-            "  info  {:>5.2}×  nginx, unguarded req/s (issue 6 quotes 1.25× from another run)",
-            ratio(nginx.outcome.rps(), b.outcome.rps())
-        );
-    }
-}
-
 /// Prints every failed check; `true` when there is none.
 fn problems(rows: &[Row], smoke: bool, have_redis: bool) -> bool {
     let mut ok = true;
@@ -352,84 +300,3 @@ fn problems(rows: &[Row], smoke: bool, have_redis: bool) -> bool {
     }
     ok
 }
-
-#[derive(Debug, Clone, Copy)]
-enum Metric {
-    Rps,
-    P99,
-}
-
-#[derive(Debug)]
-struct Goal {
-    label: &'static str,
-    target: TargetKind,
-    scenario: Scenario,
-    metric: Metric,
-    bound: f64,
-}
-
-const GOALS: [Goal; 9] = [
-    Goal {
-        label: "miss on Redis, req/s >= 0.60x",
-        target: TargetKind::Redis,
-        scenario: Scenario::Miss,
-        metric: Metric::Rps,
-        bound: 0.60,
-    },
-    Goal {
-        label: "hit on Redis, req/s >= 0.95x",
-        target: TargetKind::Redis,
-        scenario: Scenario::Hit,
-        metric: Metric::Rps,
-        bound: 0.95,
-    },
-    Goal {
-        label: "miss on memory, req/s >= 0.85x",
-        target: TargetKind::Memory,
-        scenario: Scenario::Miss,
-        metric: Metric::Rps,
-        bound: 0.85,
-    },
-    Goal {
-        label: "unguarded on memory, req/s >= 1.00x",
-        target: TargetKind::Memory,
-        scenario: Scenario::Unguarded,
-        metric: Metric::Rps,
-        bound: 1.00,
-    },
-    Goal {
-        label: "unguarded on Redis, req/s >= 1.00x",
-        target: TargetKind::Redis,
-        scenario: Scenario::Unguarded,
-        metric: Metric::Rps,
-        bound: 1.00,
-    },
-    Goal {
-        label: "hit on the file store, req/s >= 0.95x",
-        target: TargetKind::File,
-        scenario: Scenario::Hit,
-        metric: Metric::Rps,
-        bound: 0.95,
-    },
-    Goal {
-        label: "miss on the file store with fsync, req/s >= 0.40x",
-        target: TargetKind::File,
-        scenario: Scenario::Miss,
-        metric: Metric::Rps,
-        bound: 0.40,
-    },
-    Goal {
-        label: "miss on the file store without fsync, req/s >= 0.60x",
-        target: TargetKind::FileNoSync,
-        scenario: Scenario::Miss,
-        metric: Metric::Rps,
-        bound: 0.60,
-    },
-    Goal {
-        label: "p99 of miss on Redis <= 2.00x the plain proxy's p99",
-        target: TargetKind::Redis,
-        scenario: Scenario::Miss,
-        metric: Metric::P99,
-        bound: 2.00,
-    },
-];
