@@ -1,6 +1,7 @@
 //! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
 //!
@@ -10,13 +11,17 @@
 //! harness's temp dir), and nginx when it is on `PATH`; then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands and file-store flushes per request,
-//! and the targets of issues 6 and 12. `--memory` measures instead the memory store's footprint at `max_entries`
-//! with 1 KiB responses, and whether idemgate's RSS stays flat once it is full. See
-//! BENCHMARKS.md.
+//! and the targets of issues 6 and 12. Unless `--concurrency` is given, a second pass
+//! then measures every (target, scenario) again at low load: one keep-alive connection,
+//! one request at a time, the baseline again right before each scenario's targets; its
+//! table gives p50 as microseconds above the baseline's, for the targets of issue 16.
+//! `--memory` measures instead the memory store's footprint at `max_entries` with 1 KiB
+//! responses, and whether idemgate's RSS stays flat once it is full. See BENCHMARKS.md.
 //!
 //! # Layout
 //!
-//! - `harness.rs`: arguments, the run plan (start targets, measure each scenario).
+//! - `harness.rs`: arguments, the run plan (start targets, measure each scenario in
+//!   each pass: the main one, then one connection).
 //! - [`servers`]: the upstream and the baseline plain proxy.
 //! - [`targets`]: starting the targets; one measured (target, scenario).
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
@@ -24,8 +29,8 @@
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
-//! - [`report`]: the table and the correctness checks.
-//! - [`goals`]: the targets of issues 6 and 12, PASS or FAIL (informational).
+//! - [`report`]: the tables and the correctness checks.
+//! - [`goals`]: the targets of issues 6, 12 and 16, PASS or FAIL (informational).
 
 #![allow(
     clippy::print_stdout,
@@ -57,7 +62,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use procs::{Proc, TempDir};
-use targets::Started;
+use report::Row;
+use targets::{Started, Target};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -66,6 +72,14 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
   --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
   --concurrency N     keep-alive connections, one request each  [32; smoke 4]
+                      (given, the low-load pass is skipped)
+  --low-load-duration SECS
+                      the low-load pass after the main one (one connection,
+                      closed loop; issue 16): measured time     [5; smoke 0.05]
+  --low-load-warmup SECS
+                      its warm-up                               [1; smoke 0.02]
+  --low-load-only     only the low-load pass (--duration and --warmup then set it)
+  --no-low-load       skip the low-load pass
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
   --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
@@ -176,11 +190,24 @@ impl Scenario {
     }
 }
 
+/// How a pass drives each (target, scenario).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pass {
+    /// Keep-alive connections, each with one request at a time (closed loop).
+    pub(crate) concurrency: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) duration: Duration,
+}
+
 #[derive(Debug)]
 struct Args {
     duration: Duration,
     warmup: Duration,
     concurrency: usize,
+    /// The low-load pass (issue 16): one connection; `None` when skipped.
+    low_load: Option<Pass>,
+    /// `--low-load-only`: no main pass.
+    low_load_only: bool,
     smoke: bool,
     targets: Vec<TargetKind>,
     scenarios: Vec<Scenario>,
@@ -282,6 +309,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         duration: Duration::from_secs_f64(if smoke { 0.2 } else { 10.0 }),
         warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
         concurrency: if smoke { 4 } else { 32 },
+        low_load: None,
+        low_load_only: false,
         smoke,
         targets: vec![
             TargetKind::Memory,
@@ -308,6 +337,8 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         }
         Ok(Duration::from_secs_f64(secs))
     };
+    let (mut warmup_set, mut concurrency_set, mut no_low_load) = (false, false, false);
+    let (mut low_duration, mut low_warmup) = (None, None);
     let mut it = argv.iter();
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -332,8 +363,16 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                         .ok_or_else(|| format!("--entries: 1..=100000000, not {v}"))?,
                 );
             }
-            "--warmup" => args.warmup = seconds(value()?)?,
+            "--warmup" => {
+                args.warmup = seconds(value()?)?;
+                warmup_set = true;
+            }
+            "--low-load-duration" => low_duration = Some(seconds(value()?)?),
+            "--low-load-warmup" => low_warmup = Some(seconds(value()?)?),
+            "--low-load-only" => args.low_load_only = true,
+            "--no-low-load" => no_low_load = true,
             "--concurrency" => {
+                concurrency_set = true;
                 let v = value()?;
                 args.concurrency = v
                     .parse()
@@ -370,7 +409,41 @@ fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
     if args.duration.is_zero() {
         return Err("--duration must be more than 0".into());
     }
+    if args.low_load_only && (no_low_load || concurrency_set) {
+        return Err(
+            "--low-load-only runs at one connection: not with --no-low-load or --concurrency"
+                .into(),
+        );
+    }
+    if !no_low_load && (args.low_load_only || !concurrency_set) {
+        // With --low-load-only it is the only pass, so --duration and --warmup are its own.
+        let only = |set: bool, value: Duration| (args.low_load_only && set).then_some(value);
+        let pass = Pass {
+            concurrency: 1,
+            warmup: low_warmup
+                .or(only(warmup_set, args.warmup))
+                .unwrap_or(Duration::from_secs_f64(if smoke { 0.02 } else { 1.0 })),
+            duration: low_duration
+                .or(only(args.duration_set, args.duration))
+                .unwrap_or(Duration::from_secs_f64(if smoke { 0.05 } else { 5.0 })),
+        };
+        if pass.duration.is_zero() {
+            return Err("--low-load-duration must be more than 0".into());
+        }
+        args.low_load = Some(pass);
+    }
     Ok(Some(args))
+}
+
+impl Args {
+    /// The main pass: `--concurrency` connections; `None` with `--low-load-only`.
+    fn main_pass(&self) -> Option<Pass> {
+        (!self.low_load_only).then_some(Pass {
+            concurrency: self.concurrency,
+            warmup: self.warmup,
+            duration: self.duration,
+        })
+    }
 }
 
 fn list<T>(value: &str, pick: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, BoxError> {
@@ -454,11 +527,22 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     .await?;
 
     report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
+    let passes: Vec<String> = [args.main_pass(), args.low_load]
+        .into_iter()
+        .flatten()
+        .map(|pass| {
+            format!(
+                "{} keep-alive connection{}, {:.2} s warm-up + {:.2} s measured per run",
+                pass.concurrency,
+                if pass.concurrency == 1 { "" } else { "s" },
+                pass.warmup.as_secs_f64(),
+                pass.duration.as_secs_f64(),
+            )
+        })
+        .collect();
     println!(
-        "load: rust generator (wrk is not used), {} keep-alive connections, {:.2} s warm-up + {:.2} s measured per run, request body {} B, response body {} B",
-        args.concurrency,
-        args.warmup.as_secs_f64(),
-        args.duration.as_secs_f64(),
+        "load: rust generator (wrk is not used), {}; request body {} B, response body {} B",
+        passes.join("; then "),
         load::REQUEST_BODY.len(),
         servers::RESPONSE_BODY.len(),
     );
@@ -491,19 +575,51 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         children: p.name == "nginx",
     }))
     .collect();
-    let mut rows = Vec::new();
-    for &scenario in &args.scenarios {
-        for &target in &targets {
-            let row = target.measure(scenario, args, &nonce, &watched).await;
-            if let Err(died) = alive(&mut procs) {
-                return Err(died.into());
-            }
-            report::progress(&row);
-            rows.push(row);
+    let rows = match args.main_pass() {
+        Some(pass) => {
+            let rows = run_pass(
+                pass,
+                &targets,
+                &args.scenarios,
+                &nonce,
+                &watched,
+                &mut procs,
+            )
+            .await?;
+            println!();
+            report::summary(&rows, &notes, args.smoke);
+            rows
         }
-    }
-    println!();
-    let ok = report::summary(&rows, &notes, args.smoke, redis_server.is_some());
+        None => Vec::new(),
+    };
+    // Issue 16: the same runs at one connection, where latency is a request's own cost
+    // and not queueing behind the other connections.
+    let low = match args.low_load {
+        Some(pass) => {
+            if !rows.is_empty() {
+                println!();
+            }
+            println!("low load: one connection, closed loop (one request at a time)");
+            // Keys of their own: the main pass's `hit` key is already executed, and its
+            // `miss` keys would repeat.
+            let nonce = format!("{nonce}-1c");
+            let rows = run_pass(
+                pass,
+                &targets,
+                &args.scenarios,
+                &nonce,
+                &watched,
+                &mut procs,
+            )
+            .await?;
+            println!();
+            report::low_load(&rows);
+            rows
+        }
+        None => Vec::new(),
+    };
+    goals::issue_16(&rows, &low, args.smoke);
+    let ok = report::problems(&rows, &low, args.smoke, redis_server.is_some());
     if !args.smoke {
         return Ok(ok);
     }
@@ -514,6 +630,28 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     println!("\ndisk mode, smoke size:");
     let disk_ok = disk::run(&disk_plan(args)).await?;
     Ok(ok && memory_ok && disk_ok)
+}
+
+/// Measures every (scenario, target) in sequence, printing a line after each run. The
+/// baseline comes first among the targets, so it runs right before each scenario's others.
+async fn run_pass(
+    pass: Pass,
+    targets: &[Target],
+    scenarios: &[Scenario],
+    nonce: &str,
+    watched: &[cpu::Watched],
+    procs: &mut [Proc],
+) -> Result<Vec<Row>, BoxError> {
+    let mut rows = Vec::new();
+    for &scenario in scenarios {
+        for &target in targets {
+            let row = target.measure(scenario, pass, nonce, watched).await;
+            alive(procs)?;
+            report::progress(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 /// An error naming a started process that has exited, with its log.

@@ -1,5 +1,6 @@
 //! What the harness prints: the machine, one line per run, the table with ratios to the
-//! baseline, and every failed check.
+//! baseline, the low-load table with p50 above the baseline's, the targets of issues 6,
+//! 12 and 16, and every failed check.
 
 use std::path::Path;
 
@@ -116,12 +117,25 @@ impl Row {
         self.outcome.rps()
     }
 
+    /// The target process's context switches per measured request.
+    pub(crate) fn switches(&self) -> f64 {
+        self.cpu.proxy.switches
+    }
+
     fn p50_ms(&self) -> f64 {
         self.outcome.latencies.quantile(0.50).as_secs_f64() * 1e3
     }
 
     pub(crate) fn p99_ms(&self) -> f64 {
         self.outcome.latencies.quantile(0.99).as_secs_f64() * 1e3
+    }
+
+    pub(crate) fn p50_us(&self) -> f64 {
+        self.p50_ms() * 1e3
+    }
+
+    fn p99_us(&self) -> f64 {
+        self.p99_ms() * 1e3
     }
 }
 
@@ -171,19 +185,49 @@ pub(crate) fn progress(row: &Row) {
     );
 }
 
-/// The table, the targets and the problems. `true` when every check passed.
-pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool, have_redis: bool) -> bool {
+/// The main pass: its table, notes and the targets of issues 6 and 12.
+pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool) {
     table(rows);
     println!();
-    cpu_notes(rows);
+    store_notes(rows);
+    load_notes(rows);
     for note in notes {
         println!("note: {note}");
     }
     goals::issues_6_and_12(rows, smoke);
-    problems(rows, smoke, have_redis)
 }
 
-/// The baseline's row of `scenario` among `rows`.
+/// The low-load pass (one connection): its table, p50 as microseconds above the
+/// baseline's of the same scenario.
+pub(crate) fn low_load(rows: &[Row]) {
+    println!(
+        "| target | scenario | req/s | p50 µs | p50 +µs vs base | p99 µs | proxy CPU µs/req | proxy ctx sw/req | redis CPU µs/req |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for row in rows {
+        let Some(b) = base(rows, row.scenario) else {
+            continue;
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:.1} | {:.3} | {} |",
+            row.target.name(),
+            row.scenario.name(),
+            row.outcome.rps(),
+            row.p50_us(),
+            row.p50_us() - b.p50_us(),
+            row.p99_us(),
+            row.cpu.proxy.cpu_us,
+            row.cpu.proxy.switches,
+            row.cpu
+                .redis
+                .map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.cpu_us)),
+        );
+    }
+    println!();
+    load_notes(rows);
+}
+
+/// The baseline's row of `scenario` among `rows` (one pass).
 pub(crate) fn base(rows: &[Row], scenario: Scenario) -> Option<&Row> {
     rows.iter()
         .find(|r| r.target == TargetKind::Baseline && r.scenario == scenario)
@@ -227,7 +271,8 @@ fn table(rows: &[Row]) {
     }
 }
 
-fn cpu_notes(rows: &[Row]) {
+/// What Redis and the file store did per request.
+fn store_notes(rows: &[Row]) {
     for row in rows {
         if let Some(redis) = &row.redis {
             println!(
@@ -253,6 +298,10 @@ fn cpu_notes(rows: &[Row]) {
             );
         }
     }
+}
+
+/// The harness's own CPU, and what else ran on the machine meanwhile.
+fn load_notes(rows: &[Row]) {
     let harness: Vec<String> = rows
         .iter()
         .map(|r| format!("{:.0}", r.cpu.harness.cpu_us))
@@ -281,17 +330,19 @@ fn cpu_notes(rows: &[Row]) {
     }
 }
 
-/// Prints every failed check; `true` when there is none.
-fn problems(rows: &[Row], smoke: bool, have_redis: bool) -> bool {
+/// Prints every failed check of both passes; `true` when there is none.
+pub(crate) fn problems(main: &[Row], low_load: &[Row], smoke: bool, have_redis: bool) -> bool {
     let mut ok = true;
-    for row in rows {
-        for problem in &row.problems {
-            ok = false;
-            eprintln!(
-                "PROBLEM {} {}: {problem}",
-                row.target.name(),
-                row.scenario.name()
-            );
+    for (rows, pass) in [(main, ""), (low_load, " (one connection)")] {
+        for row in rows {
+            for problem in &row.problems {
+                ok = false;
+                eprintln!(
+                    "PROBLEM {} {}{pass}: {problem}",
+                    row.target.name(),
+                    row.scenario.name()
+                );
+            }
         }
     }
     if smoke && !have_redis {
