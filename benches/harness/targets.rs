@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use crate::args::Pass;
 use crate::procs::{self, Proc, Store};
 use crate::report::{self, Row};
-use crate::{BoxError, Pass, Scenario, TargetKind, cpu, load};
+use crate::{BoxError, Scenario, TargetKind, cpu, load};
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
 #[derive(Debug, Clone, Copy)]
