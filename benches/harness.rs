@@ -1,6 +1,7 @@
 //! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
 //!
@@ -10,13 +11,18 @@
 //! harness's temp dir), and nginx when it is on `PATH`; then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands and file-store flushes per request,
-//! and the targets of issues 6 and 12. `--memory` measures instead the memory store's footprint at `max_entries`
-//! with 1 KiB responses, and whether idemgate's RSS stays flat once it is full. See
-//! BENCHMARKS.md.
+//! and the targets of issues 6 and 12. Unless `--concurrency` is given, a second pass
+//! then measures every (target, scenario) again at low load: one keep-alive connection,
+//! one request at a time, the baseline again right before each scenario's targets; its
+//! table gives p50 as microseconds above the baseline's, for the targets of issue 16.
+//! `--memory` measures instead the memory store's footprint at `max_entries` with 1 KiB
+//! responses, and whether idemgate's RSS stays flat once it is full. See BENCHMARKS.md.
 //!
 //! # Layout
 //!
-//! - `harness.rs`: arguments, the run plan (start targets, measure each scenario).
+//! - [`args`]: the usage text and the arguments.
+//! - `harness.rs`: the run plan (start targets, measure each scenario in
+//!   each pass: the main one, then one connection).
 //! - [`servers`]: the upstream and the baseline plain proxy.
 //! - [`targets`]: starting the targets; one measured (target, scenario).
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
@@ -24,7 +30,8 @@
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
-//! - [`report`]: the table, the correctness checks and the targets.
+//! - [`report`]: the tables and the correctness checks.
+//! - [`goals`]: the targets of issues 6, 12 and 16, PASS or FAIL (informational).
 
 #![allow(
     clippy::print_stdout,
@@ -33,10 +40,14 @@
 )]
 
 // A crate root finds its modules next to itself; these live in `benches/harness/`.
+#[path = "harness/args.rs"]
+mod args;
 #[path = "harness/cpu.rs"]
 mod cpu;
 #[path = "harness/disk.rs"]
 mod disk;
+#[path = "harness/goals.rs"]
+mod goals;
 #[path = "harness/load.rs"]
 mod load;
 #[path = "harness/memory.rs"]
@@ -51,36 +62,14 @@ mod servers;
 mod targets;
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use args::{Args, Pass, USAGE};
 use procs::{Proc, TempDir};
-use targets::Started;
+use report::Row;
+use targets::{Started, Target};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-const USAGE: &str = "\
-usage: cargo bench --bench harness -- [OPTIONS]
-  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
-  --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
-  --concurrency N     keep-alive connections, one request each  [32; smoke 4]
-  --smoke             a ~3 s run of everything that exits non-zero on any failure
-                      (also what `cargo test --benches` runs: no arguments at all)
-  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
-                      always runs), or redis-replica (not in the default run): Redis
-                      with a replica and store.min_replicas: 1
-  --scenarios LIST    subset of unguarded,miss,hit,json-key
-  --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
-  --memory            instead: the memory store's footprint at max_entries with 1 KiB
-                      responses, and RSS over a long miss run; exits non-zero if RSS
-                      grows more than 25 % after the store is full
-  --entries N         --memory: store.max_entries               [100000; smoke 1000]
-                      (--duration: run that long; without it, until 3×N keys or 60 s)
-  --disk              instead: the file store's directory size under a steady miss
-                      load with a short ttl; exits non-zero if it grows more than
-                      10 % after three ttls [--duration 120; smoke 3]
-  --ttl SECS          --disk: idempotency.ttl                   [5; smoke 0.3]
-  --nosync            --disk: fsync: false
-  harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,30 +162,6 @@ impl Scenario {
     }
 }
 
-#[derive(Debug)]
-struct Args {
-    duration: Duration,
-    warmup: Duration,
-    concurrency: usize,
-    smoke: bool,
-    targets: Vec<TargetKind>,
-    scenarios: Vec<Scenario>,
-    /// idemgate's `log.level`.
-    log_level: String,
-    /// The memory mode instead of the scenarios.
-    memory: bool,
-    /// `--entries`: `store.max_entries` of the memory mode.
-    entries: Option<usize>,
-    /// `--duration` was given: the memory mode runs that long.
-    duration_set: bool,
-    /// The disk mode instead of the scenarios.
-    disk: bool,
-    /// `--ttl`: the disk mode's `idempotency.ttl`.
-    ttl: Option<Duration>,
-    /// `--nosync`: the disk mode with `fsync: false`.
-    nosync: bool,
-}
-
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = argv.iter().position(|a| a == "--plain-proxy") {
@@ -208,7 +173,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let args = match parse(&argv) {
+    let args = match args::parse(&argv) {
         Ok(Some(args)) => args,
         Ok(None) => {
             println!("{USAGE}");
@@ -271,147 +236,6 @@ async fn interrupted() -> &'static str {
     }
 }
 
-fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
-    // `cargo bench` passes `--bench`; `cargo test --benches` (or `--all-targets`) passes
-    // nothing, and then a quick correctness check is what a test run wants.
-    let smoke = argv.is_empty() || argv.iter().any(|a| a == "--smoke");
-    let mut args = Args {
-        duration: Duration::from_secs_f64(if smoke { 0.2 } else { 10.0 }),
-        warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
-        concurrency: if smoke { 4 } else { 32 },
-        smoke,
-        targets: vec![
-            TargetKind::Memory,
-            TargetKind::Redis,
-            TargetKind::File,
-            TargetKind::FileNoSync,
-            TargetKind::Nginx,
-        ],
-        scenarios: Scenario::ALL.to_vec(),
-        log_level: "warn".to_owned(),
-        memory: false,
-        entries: None,
-        duration_set: false,
-        disk: false,
-        ttl: None,
-        nosync: false,
-    };
-    let seconds = |v: &str| -> Result<Duration, BoxError> {
-        let secs: f64 = v
-            .parse()
-            .map_err(|_| format!("not a number of seconds: {v}"))?;
-        if !(0.0..=3600.0).contains(&secs) {
-            return Err(format!("seconds out of range (0..=3600): {v}").into());
-        }
-        Ok(Duration::from_secs_f64(secs))
-    };
-    let mut it = argv.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            // `cargo bench` passes `--bench` to every bench binary.
-            "--bench" | "--smoke" => {}
-            "--help" | "-h" => return Ok(None),
-            "--duration" => {
-                args.duration = seconds(value()?)?;
-                args.duration_set = true;
-            }
-            "--memory" => args.memory = true,
-            "--disk" => args.disk = true,
-            "--nosync" => args.nosync = true,
-            "--ttl" => args.ttl = Some(seconds(value()?)?).filter(|d| !d.is_zero()),
-            "--entries" => {
-                let v = value()?;
-                args.entries = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|n| (1..=100_000_000).contains(n))
-                        .ok_or_else(|| format!("--entries: 1..=100000000, not {v}"))?,
-                );
-            }
-            "--warmup" => args.warmup = seconds(value()?)?,
-            "--concurrency" => {
-                let v = value()?;
-                args.concurrency = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=4096).contains(n))
-                    .ok_or_else(|| format!("--concurrency: 1..=4096, not {v}"))?;
-            }
-            "--targets" => {
-                args.targets = list(value()?, |name| match name {
-                    "memory" => Some(TargetKind::Memory),
-                    "redis" => Some(TargetKind::Redis),
-                    "redis-replica" => Some(TargetKind::RedisReplica),
-                    "file" => Some(TargetKind::File),
-                    "file-nosync" => Some(TargetKind::FileNoSync),
-                    "nginx" => Some(TargetKind::Nginx),
-                    _ => None,
-                })?;
-            }
-            "--scenarios" => {
-                args.scenarios = list(value()?, |name| {
-                    Scenario::ALL.into_iter().find(|s| s.name() == name)
-                })?;
-            }
-            "--idemgate-log" => {
-                let v = value()?;
-                if v.is_empty() || v.contains(['"', '\\', '\n', '\r']) {
-                    return Err(format!("--idemgate-log: not a level: {v:?}").into());
-                }
-                v.clone_into(&mut args.log_level);
-            }
-            other => return Err(format!("unknown argument {other}").into()),
-        }
-    }
-    if args.duration.is_zero() {
-        return Err("--duration must be more than 0".into());
-    }
-    Ok(Some(args))
-}
-
-fn list<T>(value: &str, pick: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, BoxError> {
-    value
-        .split(',')
-        .map(|name| pick(name.trim()).ok_or_else(|| format!("unknown name {name}").into()))
-        .collect()
-}
-
-/// The memory mode's plan: `--entries`, else idemgate's default `max_entries` (a smoke
-/// run: 1000, under a second of load).
-fn memory_plan(args: &Args) -> memory::Plan {
-    memory::Plan {
-        entries: args
-            .entries
-            .unwrap_or(if args.smoke { 1_000 } else { 100_000 }),
-        duration: args.duration_set.then_some(args.duration),
-        concurrency: args.concurrency,
-        log_level: args.log_level.clone(),
-        smoke: args.smoke,
-    }
-}
-
-/// The disk mode's plan: a 5 s ttl for two minutes (a smoke run: 0.3 s for 3 s).
-fn disk_plan(args: &Args) -> disk::Plan {
-    let (ttl, duration) = if args.smoke {
-        (Duration::from_millis(300), Duration::from_secs(3))
-    } else {
-        (Duration::from_secs(5), Duration::from_secs(120))
-    };
-    disk::Plan {
-        ttl: args.ttl.unwrap_or(ttl),
-        duration: if args.duration_set {
-            args.duration
-        } else {
-            duration
-        },
-        concurrency: args.concurrency,
-        fsync: !args.nosync,
-        log_level: args.log_level.clone(),
-        smoke: args.smoke,
-    }
-}
-
 /// Starts everything, measures every (scenario, target) in sequence, prints the report.
 /// `Ok(false)`: it ran, but some check failed.
 async fn bench(args: &Args) -> Result<bool, BoxError> {
@@ -419,10 +243,10 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         load::self_check()?;
     }
     if args.memory {
-        return memory::run(&memory_plan(args)).await;
+        return memory::run(&args::memory_plan(args)).await;
     }
     if args.disk {
-        return disk::run(&disk_plan(args)).await;
+        return disk::run(&args::disk_plan(args)).await;
     }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
@@ -451,11 +275,22 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     .await?;
 
     report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
+    let passes: Vec<String> = [args.main_pass(), args.low_load]
+        .into_iter()
+        .flatten()
+        .map(|pass| {
+            format!(
+                "{} keep-alive connection{}, {:.2} s warm-up + {:.2} s measured per run",
+                pass.concurrency,
+                if pass.concurrency == 1 { "" } else { "s" },
+                pass.warmup.as_secs_f64(),
+                pass.duration.as_secs_f64(),
+            )
+        })
+        .collect();
     println!(
-        "load: rust generator (wrk is not used), {} keep-alive connections, {:.2} s warm-up + {:.2} s measured per run, request body {} B, response body {} B",
-        args.concurrency,
-        args.warmup.as_secs_f64(),
-        args.duration.as_secs_f64(),
+        "load: rust generator (wrk is not used), {}; request body {} B, response body {} B",
+        passes.join("; then "),
         load::REQUEST_BODY.len(),
         servers::RESPONSE_BODY.len(),
     );
@@ -488,29 +323,83 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         children: p.name == "nginx",
     }))
     .collect();
-    let mut rows = Vec::new();
-    for &scenario in &args.scenarios {
-        for &target in &targets {
-            let row = target.measure(scenario, args, &nonce, &watched).await;
-            if let Err(died) = alive(&mut procs) {
-                return Err(died.into());
-            }
-            report::progress(&row);
-            rows.push(row);
+    let rows = match args.main_pass() {
+        Some(pass) => {
+            let rows = run_pass(
+                pass,
+                &targets,
+                &args.scenarios,
+                &nonce,
+                &watched,
+                &mut procs,
+            )
+            .await?;
+            println!();
+            report::summary(&rows, &notes, args.smoke);
+            rows
         }
-    }
-    println!();
-    let ok = report::summary(&rows, &notes, args.smoke, redis_server.is_some());
+        None => Vec::new(),
+    };
+    // Issue 16: the same runs at one connection, where latency is a request's own cost
+    // and not queueing behind the other connections.
+    let low = match args.low_load {
+        Some(pass) => {
+            if !rows.is_empty() {
+                println!();
+            }
+            println!("low load: one connection, closed loop (one request at a time)");
+            // Keys of their own: the main pass's `hit` key is already executed, and its
+            // `miss` keys would repeat.
+            let nonce = format!("{nonce}-1c");
+            let rows = run_pass(
+                pass,
+                &targets,
+                &args.scenarios,
+                &nonce,
+                &watched,
+                &mut procs,
+            )
+            .await?;
+            println!();
+            report::low_load(&rows);
+            rows
+        }
+        None => Vec::new(),
+    };
+    goals::issue_16(&rows, &low, args.smoke);
+    let ok = report::problems(&rows, &low, args.smoke, redis_server.is_some());
     if !args.smoke {
         return Ok(ok);
     }
     // The smoke run also checks that the memory mode runs, at a small size.
     drop(procs);
     println!("\nmemory mode, smoke size:");
-    let memory_ok = memory::run(&memory_plan(args)).await?;
+    let memory_ok = memory::run(&args::memory_plan(args)).await?;
     println!("\ndisk mode, smoke size:");
-    let disk_ok = disk::run(&disk_plan(args)).await?;
+    let disk_ok = disk::run(&args::disk_plan(args)).await?;
     Ok(ok && memory_ok && disk_ok)
+}
+
+/// Measures every (scenario, target) in sequence, printing a line after each run. The
+/// baseline comes first among the targets, so it runs right before each scenario's others.
+async fn run_pass(
+    pass: Pass,
+    targets: &[Target],
+    scenarios: &[Scenario],
+    nonce: &str,
+    watched: &[cpu::Watched],
+    procs: &mut [Proc],
+) -> Result<Vec<Row>, BoxError> {
+    let mut rows = Vec::new();
+    for &scenario in scenarios {
+        for &target in targets {
+            let row = target.measure(scenario, pass, nonce, watched).await;
+            alive(procs)?;
+            report::progress(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 /// An error naming a started process that has exited, with its log.

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use crate::args::Pass;
 use crate::procs::{self, Proc, Store};
 use crate::report::{self, Row};
-use crate::{Args, BoxError, Scenario, TargetKind, cpu, load};
+use crate::{BoxError, Scenario, TargetKind, cpu, load};
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
 #[derive(Debug, Clone, Copy)]
@@ -249,7 +250,7 @@ impl Target {
     pub(crate) async fn measure(
         self,
         scenario: Scenario,
-        args: &Args,
+        pass: Pass,
         nonce: &str,
         watched: &[cpu::Watched],
     ) -> Row {
@@ -286,16 +287,16 @@ impl Target {
             path: scenario.path(),
             keys,
             expect_replayed: self.kind.is_idemgate() && scenario == Scenario::Hit,
-            concurrency: args.concurrency,
-            warmup: args.warmup,
-            duration: args.duration,
+            concurrency: pass.concurrency,
+            warmup: pass.warmup,
+            duration: pass.duration,
             progress: None,
         });
         // CPU is sampled over the measured window only, next to the load run.
         let run = tokio::spawn(load::run(plan));
-        tokio::time::sleep(args.warmup).await;
+        tokio::time::sleep(pass.warmup).await;
         let cpu_from = cpu::snapshot(watched);
-        tokio::time::sleep(args.duration).await;
+        tokio::time::sleep(pass.duration).await;
         let cpu_to = cpu::snapshot(watched);
         let outcome = run.await.unwrap_or_else(|err| {
             problems.push(format!("the load run failed: {err}"));

@@ -1,0 +1,262 @@
+//! The harness's arguments: the usage text, the parsed [`Args`], and the plans of each
+//! mode and pass they make.
+
+use std::time::Duration;
+
+use crate::{BoxError, Scenario, TargetKind, disk, memory};
+
+pub(crate) const USAGE: &str = "\
+usage: cargo bench --bench harness -- [OPTIONS]
+  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
+  --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
+  --concurrency N     keep-alive connections, one request each  [32; smoke 4]
+                      (given, the low-load pass is skipped)
+  --low-load-duration SECS
+                      the low-load pass after the main one (one connection,
+                      closed loop; issue 16): measured time     [5; smoke 0.05]
+  --low-load-warmup SECS
+                      its warm-up                               [1; smoke 0.02]
+  --low-load-only     only the low-load pass (--duration and --warmup then set it)
+  --no-low-load       skip the low-load pass
+  --smoke             a ~3 s run of everything that exits non-zero on any failure
+                      (also what `cargo test --benches` runs: no arguments at all)
+  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
+                      always runs), or redis-replica (not in the default run): Redis
+                      with a replica and store.min_replicas: 1
+  --scenarios LIST    subset of unguarded,miss,hit,json-key
+  --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
+  --memory            instead: the memory store's footprint at max_entries with 1 KiB
+                      responses, and RSS over a long miss run; exits non-zero if RSS
+                      grows more than 25 % after the store is full
+  --entries N         --memory: store.max_entries               [100000; smoke 1000]
+                      (--duration: run that long; without it, until 3×N keys or 60 s)
+  --disk              instead: the file store's directory size under a steady miss
+                      load with a short ttl; exits non-zero if it grows more than
+                      10 % after three ttls [--duration 120; smoke 3]
+  --ttl SECS          --disk: idempotency.ttl                   [5; smoke 0.3]
+  --nosync            --disk: fsync: false
+  harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
+
+/// How a pass drives each (target, scenario).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pass {
+    /// Keep-alive connections, each with one request at a time (closed loop).
+    pub(crate) concurrency: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) duration: Duration,
+}
+
+#[derive(Debug)]
+pub(crate) struct Args {
+    duration: Duration,
+    warmup: Duration,
+    concurrency: usize,
+    /// The low-load pass (issue 16): one connection; `None` when skipped.
+    pub(crate) low_load: Option<Pass>,
+    /// `--low-load-only`: no main pass.
+    low_load_only: bool,
+    pub(crate) smoke: bool,
+    pub(crate) targets: Vec<TargetKind>,
+    pub(crate) scenarios: Vec<Scenario>,
+    /// idemgate's `log.level`.
+    pub(crate) log_level: String,
+    /// The memory mode instead of the scenarios.
+    pub(crate) memory: bool,
+    /// `--entries`: `store.max_entries` of the memory mode.
+    entries: Option<usize>,
+    /// `--duration` was given: the memory mode runs that long.
+    duration_set: bool,
+    /// The disk mode instead of the scenarios.
+    pub(crate) disk: bool,
+    /// `--ttl`: the disk mode's `idempotency.ttl`.
+    ttl: Option<Duration>,
+    /// `--nosync`: the disk mode with `fsync: false`.
+    nosync: bool,
+}
+
+pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
+    // `cargo bench` passes `--bench`; `cargo test --benches` (or `--all-targets`) passes
+    // nothing, and then a quick correctness check is what a test run wants.
+    let smoke = argv.is_empty() || argv.iter().any(|a| a == "--smoke");
+    let mut args = Args {
+        duration: Duration::from_secs_f64(if smoke { 0.2 } else { 10.0 }),
+        warmup: Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 }),
+        concurrency: if smoke { 4 } else { 32 },
+        low_load: None,
+        low_load_only: false,
+        smoke,
+        targets: vec![
+            TargetKind::Memory,
+            TargetKind::Redis,
+            TargetKind::File,
+            TargetKind::FileNoSync,
+            TargetKind::Nginx,
+        ],
+        scenarios: Scenario::ALL.to_vec(),
+        log_level: "warn".to_owned(),
+        memory: false,
+        entries: None,
+        duration_set: false,
+        disk: false,
+        ttl: None,
+        nosync: false,
+    };
+    let seconds = |v: &str| -> Result<Duration, BoxError> {
+        let secs: f64 = v
+            .parse()
+            .map_err(|_| format!("not a number of seconds: {v}"))?;
+        if !(0.0..=3600.0).contains(&secs) {
+            return Err(format!("seconds out of range (0..=3600): {v}").into());
+        }
+        Ok(Duration::from_secs_f64(secs))
+    };
+    let (mut warmup_set, mut concurrency_set, mut no_low_load) = (false, false, false);
+    let (mut low_duration, mut low_warmup) = (None, None);
+    let mut it = argv.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            // `cargo bench` passes `--bench` to every bench binary.
+            "--bench" | "--smoke" => {}
+            "--help" | "-h" => return Ok(None),
+            "--duration" => {
+                args.duration = seconds(value()?)?;
+                args.duration_set = true;
+            }
+            "--memory" => args.memory = true,
+            "--disk" => args.disk = true,
+            "--nosync" => args.nosync = true,
+            "--ttl" => args.ttl = Some(seconds(value()?)?).filter(|d| !d.is_zero()),
+            "--entries" => {
+                let v = value()?;
+                args.entries = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=100_000_000).contains(n))
+                        .ok_or_else(|| format!("--entries: 1..=100000000, not {v}"))?,
+                );
+            }
+            "--warmup" => {
+                args.warmup = seconds(value()?)?;
+                warmup_set = true;
+            }
+            "--low-load-duration" => low_duration = Some(seconds(value()?)?),
+            "--low-load-warmup" => low_warmup = Some(seconds(value()?)?),
+            "--low-load-only" => args.low_load_only = true,
+            "--no-low-load" => no_low_load = true,
+            "--concurrency" => {
+                concurrency_set = true;
+                let v = value()?;
+                args.concurrency = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or_else(|| format!("--concurrency: 1..=4096, not {v}"))?;
+            }
+            "--targets" => {
+                args.targets = list(value()?, |name| match name {
+                    "memory" => Some(TargetKind::Memory),
+                    "redis" => Some(TargetKind::Redis),
+                    "redis-replica" => Some(TargetKind::RedisReplica),
+                    "file" => Some(TargetKind::File),
+                    "file-nosync" => Some(TargetKind::FileNoSync),
+                    "nginx" => Some(TargetKind::Nginx),
+                    _ => None,
+                })?;
+            }
+            "--scenarios" => {
+                args.scenarios = list(value()?, |name| {
+                    Scenario::ALL.into_iter().find(|s| s.name() == name)
+                })?;
+            }
+            "--idemgate-log" => {
+                let v = value()?;
+                if v.is_empty() || v.contains(['"', '\\', '\n', '\r']) {
+                    return Err(format!("--idemgate-log: not a level: {v:?}").into());
+                }
+                v.clone_into(&mut args.log_level);
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if args.duration.is_zero() {
+        return Err("--duration must be more than 0".into());
+    }
+    if args.low_load_only && (no_low_load || concurrency_set) {
+        return Err(
+            "--low-load-only runs at one connection: not with --no-low-load or --concurrency"
+                .into(),
+        );
+    }
+    if !no_low_load && (args.low_load_only || !concurrency_set) {
+        // With --low-load-only it is the only pass, so --duration and --warmup are its own.
+        let only = |set: bool, value: Duration| (args.low_load_only && set).then_some(value);
+        let pass = Pass {
+            concurrency: 1,
+            warmup: low_warmup
+                .or(only(warmup_set, args.warmup))
+                .unwrap_or(Duration::from_secs_f64(if smoke { 0.02 } else { 1.0 })),
+            duration: low_duration
+                .or(only(args.duration_set, args.duration))
+                .unwrap_or(Duration::from_secs_f64(if smoke { 0.05 } else { 5.0 })),
+        };
+        if pass.duration.is_zero() {
+            return Err("--low-load-duration must be more than 0".into());
+        }
+        args.low_load = Some(pass);
+    }
+    Ok(Some(args))
+}
+
+impl Args {
+    /// The main pass: `--concurrency` connections; `None` with `--low-load-only`.
+    pub(crate) fn main_pass(&self) -> Option<Pass> {
+        (!self.low_load_only).then_some(Pass {
+            concurrency: self.concurrency,
+            warmup: self.warmup,
+            duration: self.duration,
+        })
+    }
+}
+
+fn list<T>(value: &str, pick: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, BoxError> {
+    value
+        .split(',')
+        .map(|name| pick(name.trim()).ok_or_else(|| format!("unknown name {name}").into()))
+        .collect()
+}
+
+/// The memory mode's plan: `--entries`, else idemgate's default `max_entries` (a smoke
+/// run: 1000, under a second of load).
+pub(crate) fn memory_plan(args: &Args) -> memory::Plan {
+    memory::Plan {
+        entries: args
+            .entries
+            .unwrap_or(if args.smoke { 1_000 } else { 100_000 }),
+        duration: args.duration_set.then_some(args.duration),
+        concurrency: args.concurrency,
+        log_level: args.log_level.clone(),
+        smoke: args.smoke,
+    }
+}
+
+/// The disk mode's plan: a 5 s ttl for two minutes (a smoke run: 0.3 s for 3 s).
+pub(crate) fn disk_plan(args: &Args) -> disk::Plan {
+    let (ttl, duration) = if args.smoke {
+        (Duration::from_millis(300), Duration::from_secs(3))
+    } else {
+        (Duration::from_secs(5), Duration::from_secs(120))
+    };
+    disk::Plan {
+        ttl: args.ttl.unwrap_or(ttl),
+        duration: if args.duration_set {
+            args.duration
+        } else {
+            duration
+        },
+        concurrency: args.concurrency,
+        fsync: !args.nosync,
+        log_level: args.log_level.clone(),
+        smoke: args.smoke,
+    }
+}

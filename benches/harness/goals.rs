@@ -1,0 +1,317 @@
+//! The targets the issues set, checked against the rows of this run: issues 6 and 12 on
+//! the main pass, issue 16 on both passes. Informational: a `FAIL` is printed, and does
+//! not fail the run (only the correctness checks do).
+
+use crate::report::{Row, base, ratio};
+use crate::{Scenario, TargetKind};
+
+/// What a goal compares, and which way.
+#[derive(Debug, Clone, Copy)]
+enum Metric {
+    /// req/s as a ratio to the baseline's; at least the bound.
+    Rps,
+    /// p99 as a ratio to the baseline's; at most the bound.
+    P99,
+    /// The target process's context switches per request; at most the bound.
+    Switches,
+    /// p50 minus the baseline's, in µs; at most the bound.
+    P50AboveBase,
+}
+
+impl Metric {
+    fn of(self, row: &Row, base: &Row) -> f64 {
+        match self {
+            Metric::Rps => ratio(row.rps(), base.rps()),
+            Metric::P99 => ratio(row.p99_ms(), base.p99_ms()),
+            Metric::Switches => row.switches(),
+            Metric::P50AboveBase => row.p50_us() - base.p50_us(),
+        }
+    }
+
+    fn met(self, value: f64, bound: f64) -> bool {
+        match self {
+            Metric::Rps => value >= bound,
+            Metric::P99 | Metric::Switches | Metric::P50AboveBase => value <= bound,
+        }
+    }
+
+    fn show(self, value: f64) -> String {
+        match self {
+            Metric::Rps | Metric::P99 => format!("{value:.2}×"),
+            Metric::Switches => format!("{value:.3}"),
+            Metric::P50AboveBase => format!("{value:+.0} µs"),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Goal {
+    label: &'static str,
+    target: TargetKind,
+    scenario: Scenario,
+    metric: Metric,
+    bound: f64,
+}
+
+/// The targets of issues 6 and 12, on the main pass.
+pub(crate) fn issues_6_and_12(rows: &[Row], smoke: bool) {
+    println!(
+        "\ntargets of issues 6 and 12 (ratios to the plain proxy in this run){}:",
+        if smoke {
+            "; meaningless at smoke durations"
+        } else {
+            ""
+        }
+    );
+    check(&ISSUES_6_AND_12, rows);
+    // Issue 11: a key read from the body costs at most 10 % of a miss's ratio.
+    for target in [TargetKind::Memory, TargetKind::Redis] {
+        let of = |scenario: Scenario| {
+            let row = rows
+                .iter()
+                .find(|r| r.target() == target && r.scenario() == scenario)?;
+            Some(ratio(row.rps(), base(rows, scenario)?.rps()))
+        };
+        let label = format!(
+            "json-key on {}, req/s ratio >= 0.90x the miss ratio",
+            target.name()
+        );
+        match (of(Scenario::JsonKey), of(Scenario::Miss)) {
+            (Some(json), Some(miss)) => {
+                let value = ratio(json, miss);
+                line(
+                    Some(value >= 0.90),
+                    &format!("{value:.2}×"),
+                    &format!("{label} ({json:.2}× / {miss:.2}×)"),
+                );
+            }
+            _ => line(None, "", &label),
+        }
+    }
+    let nginx = rows
+        .iter()
+        .find(|r| r.target() == TargetKind::Nginx && r.scenario() == Scenario::Unguarded);
+    if let (Some(nginx), Some(b)) = (nginx, base(rows, Scenario::Unguarded)) {
+        println!(
+            "  info  {:>8}  nginx, unguarded req/s (issue 6 quotes 1.25× from another run)",
+            format!("{:.2}×", ratio(nginx.rps(), b.rps()))
+        );
+    }
+}
+
+/// The targets of issue 16: p50 at one connection from the low-load pass, the rest from
+/// the main pass. Either may be empty (not run): its targets print `n/a`.
+pub(crate) fn issue_16(main: &[Row], low_load: &[Row], smoke: bool) {
+    println!(
+        "\ntargets of issue 16 (p50 at one connection above the plain proxy's of the same scenario; the rest from the main pass){}:",
+        if smoke {
+            "; meaningless at smoke durations"
+        } else {
+            ""
+        }
+    );
+    check(&ISSUE_16_ONE_CONNECTION, low_load);
+    check(&ISSUE_16_MAIN, main);
+}
+
+/// One line per goal, measured on `rows` (one pass); `n/a` when its rows did not run.
+fn check(goals: &[Goal], rows: &[Row]) {
+    for goal in goals {
+        let found = rows
+            .iter()
+            .find(|r| r.target() == goal.target && r.scenario() == goal.scenario);
+        let (Some(row), Some(b)) = (found, base(rows, goal.scenario)) else {
+            line(None, "", goal.label);
+            continue;
+        };
+        let value = goal.metric.of(row, b);
+        line(
+            Some(goal.metric.met(value, goal.bound)),
+            &goal.metric.show(value),
+            goal.label,
+        );
+    }
+}
+
+/// `PASS`, `FAIL` or `n/a` (`met` is `None`), the value, the label.
+fn line(met: Option<bool>, value: &str, label: &str) {
+    let verdict = match met {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "n/a",
+    };
+    println!("  {verdict:<4}  {value:>8}  {label}");
+}
+
+const ISSUES_6_AND_12: [Goal; 9] = [
+    Goal {
+        label: "miss on Redis, req/s >= 0.60x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    Goal {
+        label: "hit on Redis, req/s >= 0.95x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "miss on memory, req/s >= 0.85x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.85,
+    },
+    Goal {
+        label: "unguarded on memory, req/s >= 1.00x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Unguarded,
+        metric: Metric::Rps,
+        bound: 1.00,
+    },
+    Goal {
+        label: "unguarded on Redis, req/s >= 1.00x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Unguarded,
+        metric: Metric::Rps,
+        bound: 1.00,
+    },
+    Goal {
+        label: "hit on the file store, req/s >= 0.95x",
+        target: TargetKind::File,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "miss on the file store with fsync, req/s >= 0.40x",
+        target: TargetKind::File,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.40,
+    },
+    Goal {
+        label: "miss on the file store without fsync, req/s >= 0.60x",
+        target: TargetKind::FileNoSync,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    Goal {
+        label: "p99 of miss on Redis <= 2.00x the plain proxy's p99",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+];
+
+/// Issue 16 at low load: what a store round trip adds to one request's latency.
+const ISSUE_16_ONE_CONNECTION: [Goal; 2] = [
+    Goal {
+        label: "miss on Redis at one connection, p50 <= base + 150 µs",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::P50AboveBase,
+        bound: 150.0,
+    },
+    Goal {
+        label: "hit on Redis at one connection, p50 <= base + 25 µs",
+        target: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        metric: Metric::P50AboveBase,
+        bound: 25.0,
+    },
+];
+
+/// Issue 16 under the main pass's load: context switches per guarded request, replays
+/// on every store, and the tail of a first execution.
+const ISSUE_16_MAIN: [Goal; 12] = [
+    Goal {
+        label: "miss on memory, context switches per request <= 0.05",
+        target: TargetKind::Memory,
+        scenario: Scenario::Miss,
+        metric: Metric::Switches,
+        bound: 0.05,
+    },
+    Goal {
+        label: "hit on memory, context switches per request <= 0.05",
+        target: TargetKind::Memory,
+        scenario: Scenario::Hit,
+        metric: Metric::Switches,
+        bound: 0.05,
+    },
+    Goal {
+        label: "miss on Redis, context switches per request <= 0.2",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::Switches,
+        bound: 0.2,
+    },
+    Goal {
+        label: "hit on Redis, context switches per request <= 0.2",
+        target: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        metric: Metric::Switches,
+        bound: 0.2,
+    },
+    Goal {
+        label: "hit on memory, req/s >= 0.95x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "hit on Redis, req/s >= 0.95x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "hit on the file store with fsync, req/s >= 0.95x",
+        target: TargetKind::File,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "hit on the file store without fsync, req/s >= 0.95x",
+        target: TargetKind::FileNoSync,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "p99 of miss on memory <= 2.00x the plain proxy's p99",
+        target: TargetKind::Memory,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+    Goal {
+        label: "p99 of miss on Redis <= 2.00x the plain proxy's p99",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+    Goal {
+        label: "p99 of miss on the file store with fsync <= 2.00x the plain proxy's p99",
+        target: TargetKind::File,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+    Goal {
+        label: "p99 of miss on the file store without fsync <= 2.00x the plain proxy's p99",
+        target: TargetKind::FileNoSync,
+        scenario: Scenario::Miss,
+        metric: Metric::P99,
+        bound: 2.00,
+    },
+];
