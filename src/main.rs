@@ -1,7 +1,10 @@
 //! The `idemgate` binary; all the work is in the library, see [`idemgate::cli`].
 
-/// Request and response buffers are allocated on one worker thread and freed on
-/// another; glibc's malloc serialises that on arena locks, mimalloc does not.
+/// mimalloc: buffers freed on another thread than the one that allocated them (a
+/// detached exchange, the file store's writer) do not contend on arena locks as in
+/// glibc's malloc. Built with `no_thp`: with transparent huge pages, memory mimalloc
+/// returned to the system came back as a fresh 2 MiB page to clear, 9 % of idemgate's
+/// CPU in a `miss` run (`clear_page_erms` under `do_huge_pmd_anonymous_page`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
