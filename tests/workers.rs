@@ -64,6 +64,17 @@ impl Drop for PortsUpstream {
     }
 }
 
+/// `idemgate --config FILE` with `workers` and no admin listener, in front of
+/// `upstream`; `extra` is more YAML. The file lives as long as the returned guard.
+async fn start(upstream: &str, workers: usize, extra: &str) -> (TempConfig, Running) {
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {upstream}\nadmin:\n  listen: null\nworkers: {workers}\n{extra}"
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+    let running = Running::start(&["--config", &path]).await;
+    (file, running)
+}
+
 fn post(path: &str, key: Option<&str>) -> Vec<u8> {
     let key = key.map_or_else(String::new, |k| format!("idempotency-key: {k}\r\n"));
     format!(
@@ -93,12 +104,7 @@ fn thread_names(pid: u32) -> Vec<String> {
 #[tokio::test]
 async fn each_worker_serves_on_its_own_thread_with_its_own_upstream_connections() {
     let up = PortsUpstream::start().await;
-    let file = TempConfig::new(&format!(
-        "upstream:\n  url: http://{}\nadmin:\n  listen: null\nworkers: 4\n",
-        up.addr
-    ));
-    let path = file.path().to_string_lossy().into_owned();
-    let running = Running::start(&["--config", &path]).await;
+    let (_file, running) = start(&format!("http://{}", up.addr), 4, "").await;
     let names = thread_names(running.pid());
     for i in 1..4 {
         assert!(
@@ -132,12 +138,7 @@ async fn each_worker_serves_on_its_own_thread_with_its_own_upstream_connections(
 #[tokio::test]
 async fn one_key_executes_once_whichever_workers_its_retries_reach() {
     let up = Upstream::start().await;
-    let file = TempConfig::new(&format!(
-        "upstream:\n  url: {}\nadmin:\n  listen: null\nworkers: 4\n",
-        up.url()
-    ));
-    let path = file.path().to_string_lossy().into_owned();
-    let running = Running::start(&["--config", &path]).await;
+    let (_file, running) = start(&up.url(), 4, "").await;
     let addr = running.addr;
     // The first holds the key at the gate; the rest arrive on other connections, so on
     // every worker, while it is in flight.
@@ -171,12 +172,8 @@ async fn one_key_executes_once_whichever_workers_its_retries_reach() {
 #[tokio::test]
 async fn a_port_another_idemgate_listens_on_is_refused() {
     let up = Upstream::start().await;
-    let file = TempConfig::new(&format!(
-        "upstream:\n  url: {}\nadmin:\n  listen: null\nworkers: 2\n",
-        up.url()
-    ));
+    let (file, running) = start(&up.url(), 2, "").await;
     let path = file.path().to_string_lossy().into_owned();
-    let running = Running::start(&["--config", &path]).await;
     // SO_REUSEPORT would let a second process with it share the port and take half of
     // the connections; idemgate checks the address first.
     let second =
@@ -194,12 +191,7 @@ async fn a_port_another_idemgate_listens_on_is_refused() {
 #[tokio::test]
 async fn sigterm_drains_the_requests_of_every_worker() {
     let up = Upstream::start().await;
-    let file = TempConfig::new(&format!(
-        "upstream:\n  url: {}\nadmin:\n  listen: null\nworkers: 4\n",
-        up.url()
-    ));
-    let path = file.path().to_string_lossy().into_owned();
-    let mut running = Running::start(&["--config", &path]).await;
+    let (_file, mut running) = start(&up.url(), 4, "").await;
     let addr = running.addr;
     let mut in_flight = JoinSet::new();
     for i in 0..16 {
@@ -222,13 +214,8 @@ async fn sigterm_drains_the_requests_of_every_worker() {
 async fn each_worker_has_its_own_redis_connection() {
     let redis = RedisServer::start().await;
     let up = Upstream::start().await;
-    let file = TempConfig::new(&format!(
-        "upstream:\n  url: {}\nstore:\n  kind: redis\n  url: {}\nadmin:\n  listen: null\nworkers: 3\n",
-        up.url(),
-        redis.url()
-    ));
-    let path = file.path().to_string_lossy().into_owned();
-    let running = Running::start(&["--config", &path]).await;
+    let store = format!("store:\n  kind: redis\n  url: {}\n", redis.url());
+    let (_file, running) = start(&up.url(), 3, &store).await;
     for i in 0..30 {
         let key = format!("r-{i}");
         let answer = raw_request(running.addr, &post("/pay", Some(&key))).await;
