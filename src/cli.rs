@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::admin::serve_admin;
-use crate::config::{Config, LogFormat, StoreKind};
+use crate::config::{Config, LogFormat, StoreKind, Workers};
 use crate::proxy::{AppState, Shutdown, serve_workers};
 use crate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
@@ -144,17 +144,31 @@ pub fn main() -> ExitCode {
         }),
         _ => None,
     };
-    // Worker 0 runs on this thread; `serve_workers` starts the others.
-    crate::logs::batch_on_this_thread();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .on_thread_park(crate::logs::flush)
-        .build()
-    {
+    let runtime = if config.workers == Workers::Shared {
+        // The runtime's threads batch their lines from their first park on, when the
+        // hook that writes them runs; its blocking threads (name lookups) never park.
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .on_thread_park(|| {
+                crate::logs::batch_on_this_thread();
+                crate::logs::flush();
+            })
+            .build()
+    } else {
+        // Worker 0 runs on this thread; `serve_workers` starts the others.
+        crate::logs::batch_on_this_thread();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(crate::logs::flush)
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(err) => return fail(&CliError::Runtime(err)),
     };
     let outcome = runtime.block_on(run(config, reload_from));
+    // Its threads write what they still hold as they end.
+    drop(runtime);
     crate::logs::flush();
     match outcome {
         Ok(Shutdown::Drained) => ExitCode::SUCCESS,

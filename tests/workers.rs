@@ -237,3 +237,48 @@ async fn each_worker_has_its_own_redis_connection() {
         redis.cli(&["CLIENT", "LIST"])
     );
 }
+
+/// Waits (at most 10 s) until the child's log holds `count` access lines.
+async fn access_lines(running: &Running, count: usize) -> usize {
+    let seen = || running.stderr().matches("idemgate::access").count();
+    for _ in 0..1000 {
+        if seen() >= count {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    seen()
+}
+
+#[tokio::test]
+async fn access_lines_are_written_once_the_workers_are_idle_in_both_modes() {
+    let up = Upstream::start().await;
+    for workers in ["2", "shared"] {
+        let file = TempConfig::new(&format!(
+            "upstream:\n  url: {}\nadmin:\n  listen: null\nworkers: {workers}\n",
+            up.url()
+        ));
+        let path = file.path().to_string_lossy().into_owned();
+        let running = Running::start(&["--config", &path]).await;
+        let names = thread_names(running.pid());
+        assert_eq!(
+            names.iter().any(|n| n.starts_with("worker-")),
+            workers == "2",
+            "workers: {workers}: {names:?}"
+        );
+        for i in 0..10 {
+            let key = format!("{workers}-{i}");
+            let answer = raw_request(running.addr, &post("/pay", Some(&key))).await;
+            assert_eq!(status(&answer), 201, "{answer}");
+        }
+        // Batched, but written when the worker has nothing left to do: no shutdown
+        // and no more traffic needed.
+        assert_eq!(
+            access_lines(&running, 10).await,
+            10,
+            "workers: {workers}:\n{}",
+            running.stderr()
+        );
+    }
+    assert_eq!(up.count(), 20);
+}

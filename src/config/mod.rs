@@ -76,17 +76,21 @@ pub enum Workers {
     /// One per CPU the process may use (its affinity and cgroup quota included).
     Auto,
     Count(std::num::NonZeroUsize),
+    /// One multi-threaded runtime (a thread per CPU) whose threads take each other's
+    /// work, on one listener, one upstream pool and one Redis connection.
+    Shared,
 }
 
 impl Workers {
     /// The most workers a configuration may ask for.
     pub const MAX: usize = 1024;
 
-    /// How many threads serve.
+    /// How many workers own connections: 1 when `shared`, as one runtime owns them all.
     pub fn resolve(self) -> usize {
         match self {
             Workers::Auto => std::thread::available_parallelism().map_or(1, usize::from),
             Workers::Count(n) => n.get(),
+            Workers::Shared => 1,
         }
     }
 }

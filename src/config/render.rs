@@ -97,6 +97,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
     match config.workers {
         Workers::Auto => put(&mut root, "workers", "auto"),
         Workers::Count(n) => put(&mut root, "workers", n.get() as u64),
+        Workers::Shared => put(&mut root, "workers", "shared"),
     }
     put(
         &mut root,

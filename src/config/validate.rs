@@ -57,8 +57,10 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
 }
 
 fn build_workers(raw: Option<WorkerCount>) -> Result<Workers, ConfigError> {
-    let Some(WorkerCount(Some(n))) = raw else {
-        return Ok(Workers::Auto);
+    let n = match raw {
+        None | Some(WorkerCount::Auto) => return Ok(Workers::Auto),
+        Some(WorkerCount::Shared) => return Ok(Workers::Shared),
+        Some(WorkerCount::Count(n)) => n,
     };
     usize::try_from(n)
         .ok()
@@ -68,7 +70,7 @@ fn build_workers(raw: Option<WorkerCount>) -> Result<Workers, ConfigError> {
         .ok_or_else(|| {
             ConfigError::invalid(
                 "workers",
-                format!("must be auto or between 1 and {}", Workers::MAX),
+                format!("must be auto, shared, or between 1 and {}", Workers::MAX),
             )
         })
 }

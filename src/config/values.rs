@@ -220,16 +220,21 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
-/// `workers`: `auto` (one per CPU) or a count; `None` is `auto`.
+/// `workers`: `auto` (one per CPU), `shared`, or a count.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct WorkerCount(pub(super) Option<u64>);
+pub(super) enum WorkerCount {
+    Auto,
+    Shared,
+    Count(u64),
+}
 
 impl<'de> Deserialize<'de> for WorkerCount {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const EXPECTING: &str = "auto or a number of workers";
+        const EXPECTING: &str = "auto, shared or a number of workers";
         match Scalar::read(d, EXPECTING)? {
-            Scalar::Str(text) if text.trim() == "auto" => Ok(WorkerCount(None)),
-            other => other.into_u64(EXPECTING).map(|n| WorkerCount(Some(n))),
+            Scalar::Str(text) if text.trim() == "auto" => Ok(WorkerCount::Auto),
+            Scalar::Str(text) if text.trim() == "shared" => Ok(WorkerCount::Shared),
+            other => other.into_u64(EXPECTING).map(WorkerCount::Count),
         }
     }
 }

@@ -675,6 +675,16 @@ fn the_keys_of_one_view_and_of_answers_have_their_defaults_and_their_errors() {
         Workers::Auto
     );
     assert_eq!(parse_ok(&with_minimal("workers: 2\n")).workers.resolve(), 2);
+    let shared = parse_ok(&with_minimal("workers: shared\n")).workers;
+    assert_eq!((shared, shared.resolve()), (Workers::Shared, 1));
+    for workers in ["shared", "auto", "7"] {
+        let config = parse_ok(&with_minimal(&format!("workers: {workers}\n")));
+        assert_eq!(
+            parse_ok(&config.to_yaml()).workers,
+            config.workers,
+            "--check prints workers: {workers} back"
+        );
+    }
     for bad in ["0", "-1", "1025", "lots", "1.5", "true"] {
         error_at(&with_minimal(&format!("workers: {bad}\n")), "workers");
     }
