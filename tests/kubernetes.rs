@@ -253,6 +253,14 @@ fn assert_sidecar_in_front_of_the_app_and_locked_down(example: &Example) {
         "max_buffered_bytes ({}) must stay well under the memory limit ({limit})",
         config.max_buffered_bytes
     );
+    // `workers: auto` follows a CPU limit; without one it would follow the node's CPUs.
+    if idemgate["resources"]["limits"]["cpu"].is_null() {
+        assert!(
+            matches!(config.workers, idemgate::config::Workers::Count(_)),
+            "no CPU limit: the config must name its workers, not {:?}",
+            config.workers
+        );
+    }
 
     // The Service selects these pods and targets idemgate's port, never the app's.
     let labels = &workload["spec"]["template"]["metadata"]["labels"];
