@@ -323,34 +323,45 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         children: p.name == "nginx",
     }))
     .collect();
-    let rows = match args.main_pass() {
-        Some(pass) => {
+    let rounds = args.rounds;
+    let heading = |round: usize| {
+        if rounds > 1 {
+            println!("round {} of {rounds}", round + 1);
+        }
+    };
+    let mut main = Vec::new();
+    if let Some(pass) = args.main_pass() {
+        for round in 0..rounds {
+            heading(round);
             let rows = run_pass(
                 pass,
                 &targets,
                 &args.scenarios,
-                &nonce,
+                &round_nonce(&nonce, round),
                 &watched,
                 &mut procs,
             )
             .await?;
             println!();
-            report::summary(&rows, &notes, args.smoke);
-            rows
+            report::summary(&rows, &notes);
+            println!();
+            main.push(rows);
         }
-        None => Vec::new(),
-    };
+        goals::issues_6_and_12(&main, args.smoke);
+    }
     // Issue 16: the same runs at one connection, where latency is a request's own cost
     // and not queueing behind the other connections.
-    let low = match args.low_load {
-        Some(pass) => {
-            if !rows.is_empty() {
-                println!();
-            }
-            println!("low load: one connection, closed loop (one request at a time)");
+    let mut low = Vec::new();
+    if let Some(pass) = args.low_load {
+        if !main.is_empty() {
+            println!();
+        }
+        println!("low load: one connection, closed loop (one request at a time)");
+        for round in 0..rounds {
+            heading(round);
             // Keys of their own: the main pass's `hit` key is already executed, and its
             // `miss` keys would repeat.
-            let nonce = format!("{nonce}-1c");
+            let nonce = format!("{}-1c", round_nonce(&nonce, round));
             let rows = run_pass(
                 pass,
                 &targets,
@@ -362,11 +373,13 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
             .await?;
             println!();
             report::low_load(&rows);
-            rows
+            println!();
+            low.push(rows);
         }
-        None => Vec::new(),
-    };
-    goals::issue_16(&rows, &low, args.smoke);
+    }
+    goals::issue_16(&main, &low, args.smoke);
+    let rows: Vec<Row> = main.into_iter().flatten().collect();
+    let low: Vec<Row> = low.into_iter().flatten().collect();
     let ok = report::problems(&rows, &low, args.smoke, redis_server.is_some());
     if !args.smoke {
         return Ok(ok);
@@ -378,6 +391,15 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     println!("\ndisk mode, smoke size:");
     let disk_ok = disk::run(&args::disk_plan(args)).await?;
     Ok(ok && memory_ok && disk_ok)
+}
+
+/// The keys of one round: none repeats another round's.
+fn round_nonce(nonce: &str, round: usize) -> String {
+    if round == 0 {
+        nonce.to_owned()
+    } else {
+        format!("{nonce}-r{round}")
+    }
 }
 
 /// Measures every (scenario, target) in sequence, printing a line after each run. The

@@ -18,6 +18,9 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       its warm-up                               [1; smoke 0.02]
   --low-load-only     only the low-load pass (--duration and --warmup then set it)
   --no-low-load       skip the low-load pass
+  --rounds N          run each pass N times over, every scenario's baseline next
+                      to its targets each time; the targets are judged on the
+                      median of the N rounds' values, with their range   [1]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
   --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
@@ -55,6 +58,8 @@ pub(crate) struct Args {
     pub(crate) low_load: Option<Pass>,
     /// `--low-load-only`: no main pass.
     low_load_only: bool,
+    /// `--rounds`: how many times each pass runs.
+    pub(crate) rounds: usize,
     pub(crate) smoke: bool,
     pub(crate) targets: Vec<TargetKind>,
     pub(crate) scenarios: Vec<Scenario>,
@@ -84,6 +89,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         concurrency: if smoke { 4 } else { 32 },
         low_load: None,
         low_load_only: false,
+        rounds: 1,
         smoke,
         targets: vec![
             TargetKind::Memory,
@@ -144,6 +150,14 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             "--low-load-warmup" => low_warmup = Some(seconds(value()?)?),
             "--low-load-only" => args.low_load_only = true,
             "--no-low-load" => no_low_load = true,
+            "--rounds" => {
+                let v = value()?;
+                args.rounds = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| format!("--rounds must be 1 to 100: {v}"))?;
+            }
             "--concurrency" => {
                 concurrency_set = true;
                 let v = value()?;

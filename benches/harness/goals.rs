@@ -53,57 +53,62 @@ struct Goal {
     bound: f64,
 }
 
-/// The targets of issues 6 and 12, on the main pass.
-pub(crate) fn issues_6_and_12(rows: &[Row], smoke: bool) {
+/// The targets of issues 6 and 12, on the main pass (one set of rows per round).
+pub(crate) fn issues_6_and_12(rounds: &[Vec<Row>], smoke: bool) {
     println!(
-        "\ntargets of issues 6 and 12 (ratios to the plain proxy in this run){}:",
+        "\ntargets of issues 6 and 12 (ratios to the plain proxy in the same round){}{}:",
+        of_rounds(rounds.len()),
         if smoke {
             "; meaningless at smoke durations"
         } else {
             ""
         }
     );
-    check(&ISSUES_6_AND_12, rows);
+    check(&ISSUES_6_AND_12, rounds);
     // Issue 11: a key read from the body costs at most 10 % of a miss's ratio.
     for target in [TargetKind::Memory, TargetKind::Redis] {
-        let of = |scenario: Scenario| {
-            let row = rows
-                .iter()
-                .find(|r| r.target() == target && r.scenario() == scenario)?;
-            Some(ratio(row.rps(), base(rows, scenario)?.rps()))
-        };
         let label = format!(
             "json-key on {}, req/s ratio >= 0.90x the miss ratio",
             target.name()
         );
-        match (of(Scenario::JsonKey), of(Scenario::Miss)) {
-            (Some(json), Some(miss)) => {
-                let value = ratio(json, miss);
-                line(
-                    Some(value >= 0.90),
-                    &format!("{value:.2}×"),
-                    &format!("{label} ({json:.2}× / {miss:.2}×)"),
-                );
-            }
-            _ => line(None, "", &label),
-        }
+        let values: Vec<f64> = rounds
+            .iter()
+            .filter_map(|rows| {
+                let of = |scenario: Scenario| {
+                    let row = rows
+                        .iter()
+                        .find(|r| r.target() == target && r.scenario() == scenario)?;
+                    Some(ratio(row.rps(), base(rows, scenario)?.rps()))
+                };
+                Some(ratio(of(Scenario::JsonKey)?, of(Scenario::Miss)?))
+            })
+            .collect();
+        judge(&values, Metric::Rps, 0.90, &label);
     }
-    let nginx = rows
+    let nginx: Vec<f64> = rounds
         .iter()
-        .find(|r| r.target() == TargetKind::Nginx && r.scenario() == Scenario::Unguarded);
-    if let (Some(nginx), Some(b)) = (nginx, base(rows, Scenario::Unguarded)) {
+        .filter_map(|rows| {
+            let nginx = rows
+                .iter()
+                .find(|r| r.target() == TargetKind::Nginx && r.scenario() == Scenario::Unguarded)?;
+            Some(ratio(nginx.rps(), base(rows, Scenario::Unguarded)?.rps()))
+        })
+        .collect();
+    if let Some(value) = median(&nginx) {
         println!(
             "  info  {:>8}  nginx, unguarded req/s (issue 6 quotes 1.25× from another run)",
-            format!("{:.2}×", ratio(nginx.rps(), b.rps()))
+            format!("{value:.2}×")
         );
     }
 }
 
 /// The targets of issue 16: p50 at one connection from the low-load pass, the rest from
-/// the main pass. Either may be empty (not run): its targets print `n/a`.
-pub(crate) fn issue_16(main: &[Row], low_load: &[Row], smoke: bool) {
+/// the main pass (one set of rows per round each). Either may be empty (not run): its
+/// targets print `n/a`.
+pub(crate) fn issue_16(main: &[Vec<Row>], low_load: &[Vec<Row>], smoke: bool) {
     println!(
-        "\ntargets of issue 16 (p50 at one connection above the plain proxy's of the same scenario; the rest from the main pass){}:",
+        "\ntargets of issue 16 (p50 at one connection above the plain proxy's of the same scenario; the rest from the main pass){}{}:",
+        of_rounds(main.len().max(low_load.len())),
         if smoke {
             "; meaningless at smoke durations"
         } else {
@@ -114,22 +119,62 @@ pub(crate) fn issue_16(main: &[Row], low_load: &[Row], smoke: bool) {
     check(&ISSUE_16_MAIN, main);
 }
 
-/// One line per goal, measured on `rows` (one pass); `n/a` when its rows did not run.
-fn check(goals: &[Goal], rows: &[Row]) {
+fn of_rounds(rounds: usize) -> String {
+    if rounds > 1 {
+        format!("; the median of {rounds} rounds, their range in brackets")
+    } else {
+        String::new()
+    }
+}
+
+/// One line per goal, its value measured in each round (one pass each); `n/a` when its
+/// rows did not run.
+fn check(goals: &[Goal], rounds: &[Vec<Row>]) {
     for goal in goals {
-        let found = rows
+        let values: Vec<f64> = rounds
             .iter()
-            .find(|r| r.target() == goal.target && r.scenario() == goal.scenario);
-        let (Some(row), Some(b)) = (found, base(rows, goal.scenario)) else {
-            line(None, "", goal.label);
-            continue;
-        };
-        let value = goal.metric.of(row, b);
-        line(
-            Some(goal.metric.met(value, goal.bound)),
-            &goal.metric.show(value),
-            goal.label,
-        );
+            .filter_map(|rows| {
+                let row = rows
+                    .iter()
+                    .find(|r| r.target() == goal.target && r.scenario() == goal.scenario)?;
+                Some(goal.metric.of(row, base(rows, goal.scenario)?))
+            })
+            .collect();
+        judge(&values, goal.metric, goal.bound, goal.label);
+    }
+}
+
+/// The verdict on the median of `values` (one per round), with their range when there
+/// are several.
+fn judge(values: &[f64], metric: Metric, bound: f64, label: &str) {
+    let Some(value) = median(values) else {
+        line(None, "", label);
+        return;
+    };
+    let range = values
+        .iter()
+        .copied()
+        .fold(None, |acc: Option<(f64, f64)>, v| {
+            Some(acc.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
+        });
+    let label = match range {
+        Some((lo, hi)) if values.len() > 1 => {
+            format!("{label} [{} to {}]", metric.show(lo), metric.show(hi))
+        }
+        _ => label.to_owned(),
+    };
+    line(Some(metric.met(value, bound)), &metric.show(value), &label);
+}
+
+/// The median, the mean of the middle two for an even count; `None` for no values.
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
     }
 }
 

@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use crate::cpu::{PerRequest, Usage};
-use crate::goals;
 use crate::load::Outcome;
 use crate::procs;
 use crate::{Scenario, TargetKind};
@@ -185,8 +184,8 @@ pub(crate) fn progress(row: &Row) {
     );
 }
 
-/// The main pass: its table, notes and the targets of issues 6 and 12.
-pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool) {
+/// One round of the main pass: its table and notes.
+pub(crate) fn summary(rows: &[Row], notes: &[String]) {
     table(rows);
     println!();
     store_notes(rows);
@@ -194,7 +193,6 @@ pub(crate) fn summary(rows: &[Row], notes: &[String], smoke: bool) {
     for note in notes {
         println!("note: {note}");
     }
-    goals::issues_6_and_12(rows, smoke);
 }
 
 /// The low-load pass (one connection): its table, p50 as microseconds above the
