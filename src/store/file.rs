@@ -97,13 +97,10 @@ impl FileMetrics {
         }
     }
 
-    fn observe_commit(&self, elapsed: Duration, index: &Index, file: &Path) {
+    fn observe_commit(&self, elapsed: Duration, index: &Index) {
         self.flushes.inc();
         self.flush_seconds.observe(elapsed.as_secs_f64());
         self.set_counts(index);
-        if let Ok(meta) = std::fs::metadata(file) {
-            self.disk_bytes.set(gauge(meta.len()));
-        }
     }
 
     fn set_counts(&self, index: &Index) {
@@ -158,6 +155,7 @@ impl<C: Clock + Clone> FileStore<C> {
             &options.path,
             options.fsync,
             metrics.syncs.clone(),
+            metrics.disk_bytes.clone(),
             Arc::clone(&serving),
         )?;
         let index = Index::load(&opened.db).map_err(|err| OpenError::Corrupt {

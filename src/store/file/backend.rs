@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use redb::backends::FileBackend;
 use redb::{BackendError, StorageBackend};
 
@@ -23,6 +24,9 @@ pub(super) struct Backend {
     fsync: bool,
     /// Flushes to stable storage (`fdatasync`), for the flushes-per-request figure.
     syncs: Counter,
+    /// The file's size (`idemgate_store_disk_bytes`), kept as redb grows or shrinks it,
+    /// so that no commit has to ask the filesystem.
+    size: Gauge,
     /// Armed once the store is open, so that the crash point "during a flush" hits the
     /// first flush of a request's commit, not the creation of the file.
     serving: Arc<AtomicBool>,
@@ -33,12 +37,17 @@ impl Backend {
         file: std::fs::File,
         fsync: bool,
         syncs: Counter,
+        size: Gauge,
         serving: Arc<AtomicBool>,
     ) -> Self {
+        if let Ok(meta) = file.metadata() {
+            size.set(bytes(meta.len()));
+        }
         Self {
             file: FileBackend::new(file),
             fsync,
             syncs,
+            size,
             serving,
         }
     }
@@ -54,7 +63,9 @@ impl StorageBackend for Backend {
     }
 
     fn set_len(&self, len: u64) -> Result<(), BackendError> {
-        self.file.set_len(len)
+        self.file.set_len(len)?;
+        self.size.set(bytes(len));
+        Ok(())
     }
 
     fn sync_data(&self) -> Result<(), BackendError> {
@@ -69,7 +80,13 @@ impl StorageBackend for Backend {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        self.file.write(offset, data)
+        self.file.write(offset, data)?;
+        // A write past the end grows the file too.
+        let end = bytes(offset.saturating_add(data.len() as u64));
+        if end > self.size.get() {
+            self.size.set(end);
+        }
+        Ok(())
     }
 
     fn close(&self) -> Result<(), BackendError> {
@@ -103,4 +120,8 @@ impl StorageBackend for Backend {
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
         self.file.query_lock_range(start, end)
     }
+}
+
+fn bytes(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

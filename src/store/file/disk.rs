@@ -23,6 +23,7 @@ use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::backend::Backend;
@@ -142,6 +143,7 @@ pub(super) fn open(
     path: &Path,
     fsync: bool,
     syncs: Counter,
+    size: Gauge,
     serving: Arc<AtomicBool>,
 ) -> Result<Opened, OpenError> {
     let at = || path.to_owned();
@@ -186,7 +188,7 @@ pub(super) fn open(
         .truncate(false)
         .open(&file)
         .map_err(|source| OpenError::Unreadable { path: at(), source })?;
-    let backend = Backend::new(handle, fsync, syncs, serving);
+    let backend = Backend::new(handle, fsync, syncs, size, serving);
     let db = redb::Builder::new()
         .create_with_backend(backend)
         .map_err(|err| database_error(path, err))?;

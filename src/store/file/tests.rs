@@ -108,6 +108,26 @@ async fn concurrent_claims_share_flushes() {
 }
 
 #[tokio::test]
+async fn the_disk_bytes_gauge_follows_the_file_as_it_grows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = FileStore::open(&options(dir.path(), 100_000)).expect("open");
+    let file = dir.path().join("store").join(disk::DB_FILE);
+    let size = || std::fs::metadata(&file).expect("the database file").len();
+    let gauge = |s: &FileStore| u64::try_from(s.metrics.disk_bytes.get()).expect("not negative");
+    assert_eq!(gauge(&s), size(), "at open");
+    let start = size();
+    let mut k = 0;
+    // Large records, until redb has had to grow the file.
+    while size() == start {
+        let lease = acquire(&s, k).await;
+        complete(&s, &lease, &[b'x'; 16 * 1024]).await;
+        k += 1;
+        assert!(k < 10_000, "the file never grew");
+    }
+    assert_eq!(gauge(&s), size(), "after {k} records");
+}
+
+#[tokio::test]
 async fn records_and_markers_survive_a_reopen() {
     let dir = tempfile::tempdir().expect("temp dir");
     let marker_token;

@@ -85,8 +85,7 @@ impl Writer {
                 self.published.update(&self.index, &done.touched);
                 self.metrics.evictions.inc_by(done.evicted);
                 self.metrics.expired.inc_by(done.expired);
-                self.metrics
-                    .observe_commit(started.elapsed(), &self.index, &self.file);
+                self.metrics.observe_commit(started.elapsed(), &self.index);
                 for key in &done.changed {
                     self.watchers.wake(key);
                 }
