@@ -86,9 +86,14 @@ impl Workers {
     pub const MAX: usize = 1024;
 
     /// How many workers own connections: 1 when `shared`, as one runtime owns them all.
+    /// `auto` is counted once per process, so that the listeners, the upstream pools
+    /// (made again by a reload) and the Redis connections always agree.
     pub fn resolve(self) -> usize {
+        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         match self {
-            Workers::Auto => std::thread::available_parallelism().map_or(1, usize::from),
+            Workers::Auto => {
+                *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+            }
             Workers::Count(n) => n.get(),
             Workers::Shared => 1,
         }
