@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use support::bin::{Running, TempConfig, idemgate, run};
 use support::redis::RedisServer;
-use support::{Upstream, raw_request};
+use support::{Resp, TestClient, Upstream};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -75,19 +75,17 @@ async fn start(upstream: &str, workers: usize, extra: &str) -> (TempConfig, Runn
     (file, running)
 }
 
-fn post(path: &str, key: Option<&str>) -> Vec<u8> {
-    let key = key.map_or_else(String::new, |k| format!("idempotency-key: {k}\r\n"));
-    format!(
-        "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: 2\r\n{key}connection: close\r\n\r\n{{}}"
-    )
-    .into_bytes()
-}
-
-fn status(answer: &str) -> u16 {
-    answer
-        .get(9..12)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"))
+/// A POST on a connection of its own (`connection: close`): the kernel gives each to
+/// one of the workers' listeners.
+async fn post(addr: SocketAddr, path: &str, key: Option<&str>) -> Resp {
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("connection", "close"),
+    ];
+    headers.extend(key.map(|k| ("idempotency-key", k)));
+    TestClient::new(addr)
+        .send("POST", path, &headers, "{}")
+        .await
 }
 
 fn thread_names(pid: u32) -> Vec<String> {
@@ -122,11 +120,11 @@ async fn each_worker_serves_on_its_own_thread_with_its_own_upstream_connections(
     // over the 4 listeners (all on one: a chance of 4 in 4^40), and each worker opens
     // its own.
     for i in 0..40 {
-        let answer = raw_request(running.addr, &post("/pass", None)).await;
-        assert_eq!(status(&answer), 201, "request {i}: {answer}");
+        let answer = post(running.addr, "/pass", None).await;
+        assert_eq!(answer.status, 201, "request {i}: {answer:?}");
         let key = format!("k-{i}");
-        let answer = raw_request(running.addr, &post("/guarded", Some(&key))).await;
-        assert_eq!(status(&answer), 201, "request {i}: {answer}");
+        let answer = post(running.addr, "/guarded", Some(&key)).await;
+        assert_eq!(answer.status, 201, "request {i}: {answer:?}");
     }
     let connections = up.connections();
     assert!(
@@ -142,29 +140,23 @@ async fn one_key_executes_once_whichever_workers_its_retries_reach() {
     let addr = running.addr;
     // The first holds the key at the gate; the rest arrive on other connections, so on
     // every worker, while it is in flight.
-    let first =
-        tokio::spawn(async move { raw_request(addr, &post("/gate/pay", Some("same"))).await });
+    let first = tokio::spawn(async move { post(addr, "/gate/pay", Some("same")).await });
     up.wait_for(1).await;
     let mut others = JoinSet::new();
     for _ in 0..24 {
-        others.spawn(async move { raw_request(addr, &post("/gate/pay", Some("same"))).await });
+        others.spawn(async move { post(addr, "/gate/pay", Some("same")).await });
     }
     while let Some(answer) = others.join_next().await {
         let answer = answer.expect("task");
-        assert_eq!(status(&answer), 409, "{answer}");
+        assert_eq!(answer.status, 409, "{answer:?}");
     }
     up.open_gate();
     let answer = first.await.expect("task");
-    assert_eq!(status(&answer), 201, "{answer}");
+    assert_eq!(answer.status, 201, "{answer:?}");
     for _ in 0..24 {
-        let answer = raw_request(addr, &post("/gate/pay", Some("same"))).await;
-        assert_eq!(status(&answer), 201, "{answer}");
-        assert!(
-            answer
-                .to_ascii_lowercase()
-                .contains("idempotent-replayed: true"),
-            "{answer}"
-        );
+        let answer = post(addr, "/gate/pay", Some("same")).await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        assert!(answer.replayed(), "{answer:?}");
     }
     assert_eq!(up.count(), 1, "one execution");
 }
@@ -184,8 +176,8 @@ async fn a_port_another_idemgate_listens_on_is_refused() {
         "{}",
         second.stderr
     );
-    let answer = raw_request(running.addr, &post("/pass", None)).await;
-    assert_eq!(status(&answer), 201, "the first still serves: {answer}");
+    let answer = post(running.addr, "/pass", None).await;
+    assert_eq!(answer.status, 201, "the first still serves: {answer:?}");
 }
 
 #[tokio::test]
@@ -196,7 +188,7 @@ async fn sigterm_drains_the_requests_of_every_worker() {
     let mut in_flight = JoinSet::new();
     for i in 0..16 {
         let key = format!("drain-{i}");
-        in_flight.spawn(async move { raw_request(addr, &post("/gate/pay", Some(&key))).await });
+        in_flight.spawn(async move { post(addr, "/gate/pay", Some(&key)).await });
     }
     up.wait_for(16).await;
     running.terminate().await;
@@ -204,7 +196,7 @@ async fn sigterm_drains_the_requests_of_every_worker() {
     up.open_gate();
     while let Some(answer) = in_flight.join_next().await {
         let answer = answer.expect("task");
-        assert_eq!(status(&answer), 201, "{answer}");
+        assert_eq!(answer.status, 201, "{answer:?}");
     }
     let exit = running.wait_exit().await;
     assert!(exit.success(), "{exit}: {}", running.stderr());
@@ -218,15 +210,10 @@ async fn each_worker_has_its_own_redis_connection() {
     let (_file, running) = start(&up.url(), 3, &store).await;
     for i in 0..30 {
         let key = format!("r-{i}");
-        let answer = raw_request(running.addr, &post("/pay", Some(&key))).await;
-        assert_eq!(status(&answer), 201, "{answer}");
-        let answer = raw_request(running.addr, &post("/pay", Some(&key))).await;
-        assert!(
-            answer
-                .to_ascii_lowercase()
-                .contains("idempotent-replayed: true"),
-            "{answer}"
-        );
+        let answer = post(running.addr, "/pay", Some(&key)).await;
+        assert_eq!(answer.status, 201, "{answer:?}");
+        let answer = post(running.addr, "/pay", Some(&key)).await;
+        assert!(answer.replayed(), "{answer:?}");
     }
     assert_eq!(up.count(), 30);
     // `redis-cli` itself is one of the clients listed.
@@ -268,8 +255,8 @@ async fn access_lines_are_written_once_the_workers_are_idle_in_both_modes() {
         );
         for i in 0..10 {
             let key = format!("{workers}-{i}");
-            let answer = raw_request(running.addr, &post("/pay", Some(&key))).await;
-            assert_eq!(status(&answer), 201, "{answer}");
+            let answer = post(running.addr, "/pay", Some(&key)).await;
+            assert_eq!(answer.status, 201, "{answer:?}");
         }
         // Batched, but written when the worker has nothing left to do: no shutdown
         // and no more traffic needed.
