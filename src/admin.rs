@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::metrics::Format;
-use crate::proxy::{AppState, HeadSeen, head_deadline};
+use crate::proxy::{Activity, AppState, Ended, drive};
 use crate::store::Store;
 use keys::Caller;
 
@@ -63,31 +63,37 @@ pub async fn serve_admin<S: Store>(
         };
         let caller = Caller { local, peer };
         let limit = state.config.listen_header_timeout;
+        let idle = state.config.listen_idle_timeout;
         let state = Arc::clone(&state);
         let readiness = Arc::clone(&readiness);
         tokio::spawn(async move {
-            let head = HeadSeen::default();
-            let seen = head.clone();
+            let activity = Activity::default();
+            let seen = activity.clone();
             let svc = service_fn(move |req| {
-                seen.mark();
+                let open = seen.start();
                 let state = Arc::clone(&state);
                 let readiness = Arc::clone(&readiness);
                 async move {
-                    Ok::<_, std::convert::Infallible>(
-                        answer(&state, &readiness, &req, caller).await,
-                    )
+                    let response = answer(&state, &readiness, &req, caller).await;
+                    drop(open);
+                    Ok::<_, std::convert::Infallible>(response)
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limit)
                 .serve_connection(TokioIo::new(stream), svc);
-            match head_deadline(conn, limit, &head).await {
-                Some(Err(err)) => {
+            // Admin connections are not drained at shutdown: nothing stops them early.
+            let never = tokio_util::sync::CancellationToken::new();
+            match drive(conn, limit, idle, &activity, &never).await {
+                Ended::Closed(Err(err)) => {
                     tracing::debug!(error = %err, "admin connection ended with an error");
                 }
-                Some(Ok(())) => {}
-                None => tracing::debug!("admin connection closed: no request head in time"),
+                Ended::Closed(Ok(())) => {}
+                Ended::NoHead => {
+                    tracing::debug!("admin connection closed: no request head in time");
+                }
+                Ended::Dropped => tracing::debug!("admin connection dropped: idle"),
             }
         });
     }

@@ -8,6 +8,7 @@ use http::StatusCode;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::config::{ErrorFormat, ErrorsConfig};
+use crate::idempotency::path::PathError;
 use crate::idempotency::{KeyError, Rejection};
 use crate::metrics::Outcome;
 use crate::store::StoreError;
@@ -23,13 +24,16 @@ const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a client is asked to wait after `503 overloaded`.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Why a request target was refused (SPEC §15).
+/// Why a request's authority was refused (RFC 9112 §3.2); a refused path is a
+/// [`PathError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum TargetError {
-    #[error("the path climbs above the root")]
-    AboveRoot,
-    #[error("the path has an invalid percent-encoding")]
-    BadPercent,
+    #[error("the HTTP/1.1 request has no Host header")]
+    MissingHost,
+    #[error("the Host header is empty")]
+    EmptyHost,
+    #[error("the Host header holds more than one authority")]
+    HostList,
     #[error("the request has more than one Host header")]
     DuplicateHost,
     #[error("the request target's authority differs from its Host header")]
@@ -61,10 +65,12 @@ pub(crate) enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("the request body could not be read")]
     BadRequestBody(#[source] BoxError),
-    #[error("the request body did not arrive within the upstream timeout")]
+    #[error("the request body stalled or did not arrive in time")]
     BodyTimeout,
     #[error("the request target is refused")]
     BadTarget(#[source] TargetError),
+    #[error("the request path is refused")]
+    BadPath(#[source] PathError),
     #[error("the proxy holds as many buffered bodies as it may")]
     Overloaded,
     /// An unguarded request failed upstream: answered as `inner`, counted apart.
@@ -197,10 +203,17 @@ impl ProxyError {
                 "Request body could not be read",
                 None,
             ),
-            E::BadTarget(_) => (
+            E::BadTarget(_) | E::BadPath(PathError::AboveRoot | PathError::BadPercent) => (
                 StatusCode::BAD_REQUEST,
                 "bad-request",
                 "Request target refused",
+                None,
+            ),
+            // Spellings that servers behind the proxy may read as another path.
+            E::BadPath(PathError::EscapedSlash | PathError::DotParameter | PathError::Nul) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-path",
+                "Request path refused",
                 None,
             ),
             E::Overloaded => (
@@ -212,7 +225,7 @@ impl ProxyError {
             E::PassThroughFailed(inner) => return inner.problem(),
             E::BodyTimeout => (
                 StatusCode::REQUEST_TIMEOUT,
-                "request-timeout",
+                "body-timeout",
                 "Request body too slow",
                 None,
             ),
@@ -289,7 +302,9 @@ impl ProxyError {
             E::InFlight { .. } => Outcome::InFlight,
             E::NotReplayable => Outcome::NotReplayable,
             E::BodyTooLarge { .. } => Outcome::TooLarge,
-            E::BadRequestBody(_) | E::BodyTimeout | E::BadTarget(_) => Outcome::BadRequest,
+            E::BadRequestBody(_) | E::BodyTimeout | E::BadTarget(_) | E::BadPath(_) => {
+                Outcome::BadRequest
+            }
             E::Overloaded => Outcome::Overloaded,
             E::PassThroughFailed(_) => Outcome::PassthroughError,
             E::KeyReused => Outcome::KeyReused,
@@ -314,6 +329,7 @@ impl ProxyError {
             | E::BadRequestBody(_)
             | E::BodyTimeout
             | E::BadTarget(_)
+            | E::BadPath(_)
             | E::Overloaded
             | E::KeyReused => false,
         }

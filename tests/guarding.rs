@@ -189,7 +189,7 @@ async fn a_trickling_guarded_body_times_out_holding_no_claim() {
         .expect("read");
     let head = String::from_utf8_lossy(&out[..n]);
     assert!(head.starts_with("HTTP/1.1 408"), "{head}");
-    assert!(head.contains("request-timeout"), "{head}");
+    assert!(head.contains("body-timeout"), "{head}");
     assert_eq!(up.count(), 0);
     assert!(proxy.state.store.is_empty(), "no claim was made");
     assert_eq!(

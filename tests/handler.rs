@@ -31,7 +31,9 @@ fn state(extra: &str) -> Arc<AppState<MemoryStore>> {
 }
 
 fn post(path: &str, key: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
-    let mut req = Request::post(path).header("content-type", "application/json");
+    let mut req = Request::post(path)
+        .header("host", "api.test")
+        .header("content-type", "application/json");
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
     }

@@ -71,6 +71,15 @@ async fn the_upstream_receives_the_normalised_path_and_the_fingerprint_covers_it
         "another spelling of the same request replays: {retry}"
     );
     let other = raw_request(proxy.addr, &post("/charges%2fx", "idempotency-key: k2\r\n")).await;
+    assert_eq!(
+        status(&other),
+        400,
+        "an escaped slash is refused by default: {other}"
+    );
+    assert!(other.contains("invalid-path"), "{other}");
+    // Under `escaped_slashes: keep` it is forwarded, its escape upper-cased.
+    let keep = Proxy::start(&format!("escaped_slashes: keep\n{GUARDED}"), &up).await;
+    let other = raw_request(keep.addr, &post("/charges%2fx", "idempotency-key: k2\r\n")).await;
     assert_eq!(status(&other), 201, "{other}");
     let seen: Vec<String> = up.seen().into_iter().map(|s| s.path_and_query).collect();
     assert_eq!(

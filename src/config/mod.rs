@@ -36,6 +36,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::idempotency::path::EscapedSlashes;
 pub use policy::Policy;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
 pub use sentinel::SentinelConfig;
@@ -66,6 +67,16 @@ pub struct Config {
     pub max_buffered_bytes: u64,
     /// The shape of the answers idemgate makes itself (SPEC §16).
     pub errors: ErrorsConfig,
+    /// What becomes of `%2F`, `%5C` and `\` in request paths.
+    pub escaped_slashes: EscapedSlashes,
+    /// The protocols a passed-through request may upgrade to, lower-cased; `h2c` is
+    /// never one of them.
+    pub upgrades: Vec<String>,
+    /// A client connection with no request open this long is closed (`GOAWAY` on
+    /// HTTP/2).
+    pub listen_idle_timeout: Duration,
+    /// A guarded request body that sends no byte this long is answered `408`.
+    pub listen_body_timeout: Duration,
 }
 
 /// `workers`: each worker is one thread with its own runtime, listener socket

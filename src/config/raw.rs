@@ -16,7 +16,7 @@ use super::policy::{RawPolicy, RawRoute};
 use super::sections::{RawErrors, RawLog, RawUpstream};
 use super::sentinel::RawSentinel;
 use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl, WorkerCount};
-use super::{ConfigError, OnUnavailable, RouteMatch, StoreKind};
+use super::{ConfigError, EscapedSlashes, OnUnavailable, RouteMatch, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 pub(super) fn deserialize(value: serde_yaml::Value) -> Result<RawConfig, ConfigError> {
@@ -68,6 +68,10 @@ pub(super) struct RawConfig {
     pub(super) workers: Option<WorkerCount>,
     pub(super) max_buffered_bytes: Option<Size>,
     pub(super) errors: Option<RawErrors>,
+    pub(super) escaped_slashes: Option<Pick<EscapedSlashes>>,
+    pub(super) upgrades: Option<Vec<String>>,
+    pub(super) listen_idle_timeout: Option<Dur>,
+    pub(super) listen_body_timeout: Option<Dur>,
 }
 
 impl RawConfig {

@@ -105,6 +105,26 @@ pub(super) fn to_yaml(config: &Config) -> String {
         size(&config.max_buffered_bytes),
     );
     put(&mut root, "errors", config.errors.to_mapping());
+    put(
+        &mut root,
+        "escaped_slashes",
+        choice(&config.escaped_slashes),
+    );
+    put(
+        &mut root,
+        "upgrades",
+        Value::Sequence(config.upgrades.iter().map(|p| p.as_str().into()).collect()),
+    );
+    put(
+        &mut root,
+        "listen_idle_timeout",
+        duration(&config.listen_idle_timeout),
+    );
+    put(
+        &mut root,
+        "listen_body_timeout",
+        duration(&config.listen_body_timeout),
+    );
 
     let mut root = Value::Mapping(root);
     escape_interpolation(&mut root);

@@ -6,12 +6,13 @@ use std::time::Duration;
 use super::policy::RawRoute;
 use super::raw::{RawAdmin, RawConfig, RawStore};
 use super::units;
-use super::values::{Raw, WorkerCount};
+use super::values::{Choice, Raw, WorkerCount};
 use super::{
     AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
     Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url,
 };
 use crate::idempotency::fingerprint::BodyForm;
+use crate::idempotency::path::{self, EscapedSlashes};
 use crate::idempotency::source::KeySource;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
@@ -27,7 +28,12 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     idempotency.check_spelling("idempotency")?;
     let idempotency = idempotency.typed();
     check_policy(&idempotency, "idempotency")?;
-    let routes = build_routes(raw.routes.unwrap_or_default(), &idempotency)?;
+    let escaped_slashes = raw.escaped_slashes.map_or(EscapedSlashes::Reject, |m| m.0);
+    let routes = build_routes(
+        raw.routes.unwrap_or_default(),
+        &idempotency,
+        escaped_slashes,
+    )?;
     Ok(Config {
         listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
         upstream: build_upstream(raw.upstream.unwrap_or_default().typed())?,
@@ -53,6 +59,14 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
         workers: build_workers(raw.workers)?,
         max_buffered_bytes: raw.max_buffered_bytes.map_or(256 << 20, |s| s.0),
         errors: build_errors(raw.errors.unwrap_or_default().typed())?,
+        escaped_slashes,
+        upgrades: build_upgrades(raw.upgrades)?,
+        listen_idle_timeout: raw
+            .listen_idle_timeout
+            .map_or(Duration::from_secs(60), |d| d.0),
+        listen_body_timeout: raw
+            .listen_body_timeout
+            .map_or(Duration::from_secs(30), |d| d.0),
     })
 }
 
@@ -262,7 +276,11 @@ fn split_host_port(address: &str) -> (&str, Option<&str>) {
     }
 }
 
-fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, ConfigError> {
+fn build_routes(
+    raw: Vec<RawRoute>,
+    idempotency: &Policy,
+    slashes: EscapedSlashes,
+) -> Result<Vec<Route>, ConfigError> {
     let mut routes: Vec<Route> = Vec::with_capacity(raw.len());
     for (index, route) in raw.into_iter().enumerate() {
         let section = format!("routes[{index}]");
@@ -276,7 +294,8 @@ fn build_routes(raw: Vec<RawRoute>, idempotency: &Policy) -> Result<Vec<Route>, 
                 "missing; every route needs a path prefix such as /charges",
             ));
         };
-        let path = normalise_route_path(&path).map_err(|msg| ConfigError::invalid(&field, msg))?;
+        let path = normalise_route_path(&path, slashes)
+            .map_err(|msg| ConfigError::invalid(&field, msg))?;
         routes.push(Route { path, policy });
     }
     Ok(routes)
@@ -322,7 +341,7 @@ fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> 
     Ok(())
 }
 
-fn normalise_route_path(path: &str) -> Result<String, String> {
+fn normalise_route_path(path: &str, slashes: EscapedSlashes) -> Result<String, String> {
     if !path.starts_with('/') {
         return Err(format!("'{path}' must start with '/'"));
     }
@@ -332,10 +351,59 @@ fn normalise_route_path(path: &str) -> Result<String, String> {
              fragment or spaces"
         ));
     }
+    // Requests are matched after normalisation: a route written otherwise would match
+    // nothing, and a `required: true` on it would guard nothing.
+    match path::normalise(path, slashes) {
+        Ok(normal) if normal != path => {
+            return Err(format!(
+                "'{path}' is not in normal form, so no request would ever match it; \
+                 its normal form is '{normal}'"
+            ));
+        }
+        Ok(_) => {}
+        Err(err) => {
+            return Err(format!(
+                "'{path}' can never match a request: {err} (escaped_slashes: {})",
+                slashes.name()
+            ));
+        }
+    }
     let trimmed = path.trim_end_matches('/');
     Ok(if trimmed.is_empty() {
         "/".to_owned()
     } else {
         trimmed.to_owned()
     })
+}
+
+/// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is refused, as
+/// RFC 9113 deprecates it and a joined h2c connection carries every later request past
+/// the guard. Default: `[websocket]`.
+fn build_upgrades(raw: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(vec!["websocket".to_owned()]);
+    };
+    let mut upgrades = Vec::with_capacity(raw.len());
+    for (index, name) in raw.into_iter().enumerate() {
+        let field = format!("upgrades[{index}]");
+        let name = name.trim().to_ascii_lowercase();
+        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~/".contains(c);
+        if name.is_empty() || !name.chars().all(token) {
+            return Err(ConfigError::invalid(
+                field,
+                format!("'{name}' is not a protocol name such as websocket"),
+            ));
+        }
+        if name == "h2c" || name.starts_with("h2c/") {
+            return Err(ConfigError::invalid(
+                field,
+                "h2c is never passed through: a joined h2c connection would carry every \
+                 later request past the guard (RFC 9113 deprecates it)",
+            ));
+        }
+        if !upgrades.contains(&name) {
+            upgrades.push(name);
+        }
+    }
+    Ok(upgrades)
 }

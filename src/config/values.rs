@@ -14,7 +14,8 @@ use serde::de::{self, Deserializer, Visitor};
 
 use super::units;
 use super::{
-    ErrorFormat, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind,
+    ErrorFormat, EscapedSlashes, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome,
+    RouteMatch, StoreKind,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
@@ -708,6 +709,14 @@ raw_newtypes! {
     ContentType => HeaderValue,
     Pointer => JsonPointer,
     KeyFrom => Vec<KeySource>,
+}
+
+impl Choice for EscapedSlashes {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("reject", EscapedSlashes::Reject),
+        ("decode", EscapedSlashes::Decode),
+        ("keep", EscapedSlashes::Keep),
+    ];
 }
 
 impl Choice for RouteMatch {

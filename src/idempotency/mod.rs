@@ -7,6 +7,7 @@ mod canonical;
 pub mod decide;
 pub mod fingerprint;
 pub mod key;
+pub mod path;
 pub mod pointer;
 pub mod record;
 pub mod source;

@@ -3,6 +3,7 @@
 //! optionally behind bytes already read from it (a response too large to keep).
 
 use std::any::Any;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -108,6 +109,63 @@ impl Body for ProxyBody {
     }
 }
 
+/// A request body that fails with [`Stalled::Stalled`] when no frame arrives for
+/// `stall` (`listen_body_timeout`): a client that sends a byte now and then must not
+/// hold a connection and its buffered bytes for as long as it likes.
+pub(crate) struct StallGuard<B> {
+    inner: B,
+    stall: std::time::Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// Why a [`StallGuard`]ed body failed.
+#[derive(Debug)]
+pub(crate) enum Stalled<E> {
+    Stalled,
+    Body(E),
+}
+
+impl<B> StallGuard<B> {
+    pub(crate) fn new(inner: B, stall: std::time::Duration) -> Self {
+        Self {
+            inner,
+            stall,
+            timer: Box::pin(tokio::time::sleep(stall)),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for StallGuard<B> {
+    type Data = Bytes;
+    type Error = Stalled<B::Error>;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + this.stall;
+                this.timer.as_mut().reset(next);
+                Poll::Ready(frame.map(|f| f.map_err(Stalled::Body)))
+            }
+            Poll::Pending => match this.timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(Stalled::Stalled))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A body read up to a limit.
 #[derive(Debug)]
 pub(crate) enum Capped<B> {
@@ -128,7 +186,9 @@ pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
     limit: u64,
     held: &mut Held,
 ) -> Result<Capped<B>, B::Error> {
-    // A known length is held at its size: a buffer grown by doubling can hold twice.
+    // A known length sizes the buffer once enough of it arrived: a buffer grown by
+    // doubling can hold twice, one reserved up front would hold memory for bytes a
+    // client only announced (`max_buffered_bytes` counts what arrived).
     let expected = body.size_hint().exact().unwrap_or(0).min(limit);
     let mut buf = BytesMut::new();
     let mut first: Option<Bytes> = None;
@@ -151,11 +211,18 @@ pub(crate) async fn collect_capped<B: Body<Data = Bytes> + Unpin>(
             });
         }
         // A body that arrives in one frame is kept as it came, without a copy. One that
-        // arrives in pieces is copied into a buffer of its declared size, so that no
-        // piece keeps a larger read buffer of hyper's alive meanwhile.
+        // arrives in pieces is copied into a buffer that doubles up to its declared size,
+        // so that no piece keeps a larger read buffer of hyper's alive meanwhile.
         let whole = expected == 0 || data.len() as u64 >= expected;
-        if buf.capacity() == 0 && (first.is_some() || !whole) {
-            buf.reserve(usize::try_from(expected).unwrap_or(0));
+        let arrived = first.as_ref().map_or(0, Bytes::len) + buf.len() + data.len();
+        if buf.capacity() < arrived && (first.is_some() || !whole) {
+            let most = if expected == 0 {
+                u64::MAX
+            } else {
+                expected.max(arrived as u64)
+            };
+            let size = (arrived as u64).saturating_mul(2).min(most);
+            buf.reserve(usize::try_from(size).unwrap_or(arrived) - buf.len());
         }
         match first.take() {
             None if buf.is_empty() && whole => first = Some(data),

@@ -92,6 +92,18 @@ async fn exchange<S: Store>(
     let sent = lease
         .renewing(upstream::send(live.client(), request, deadline))
         .await;
+    // A guarded request never asks for an upgrade: a `101` is a connection that is no
+    // longer HTTP after the request was written, which is a reset, and is never joined.
+    let sent = sent.and_then(|response| {
+        if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            Err(Failure::Unknown {
+                cause: crate::error::UnknownCause::Reset,
+                source: Some(upstream::UNASKED_SWITCH.into()),
+            })
+        } else {
+            Ok(response)
+        }
+    });
     let (mut head, body) = match sent {
         Ok(response) => response.into_parts(),
         Err(failure) => {

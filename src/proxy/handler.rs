@@ -15,7 +15,7 @@ use http::request::Parts;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
 
-use super::body::{Capped, ProxyBody, RequestBody, collect_capped};
+use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_capped};
 use super::budget::Held;
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded};
@@ -24,9 +24,10 @@ use super::upstream::{self, upstream_request};
 use super::{AppState, Live, PolicyId};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
-use crate::error::{ProxyError, TargetError};
+use crate::error::ProxyError;
 use crate::idempotency::body::Body;
 use crate::idempotency::key::{parse_plain, parse_value};
+use crate::idempotency::path::{self, EscapedSlashes, PathError};
 use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
@@ -98,7 +99,7 @@ async fn route<S: Store, B: RequestBody>(
     peer: SocketAddr,
     scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Next, ProxyError> {
-    let req = one_view(req)?;
+    let req = one_view(req, live.config.escaped_slashes)?;
     let id = live.policy_id(&view::match_path(req.uri().path()));
     let policy = live.policy(id);
     if !policy.enabled || !view::guarded_method(req.method(), req.headers(), &policy.methods) {
@@ -147,11 +148,11 @@ async fn route<S: Store, B: RequestBody>(
     Ok(next)
 }
 
-/// The request as both the guard and the upstream see it (SPEC §15): `Host` checked,
-/// the path normalised in its URI (the query is kept as sent).
-fn one_view<B>(mut req: Request<B>) -> Result<Request<B>, ProxyError> {
-    view::check_host(req.uri(), req.headers()).map_err(ProxyError::BadTarget)?;
-    let normal = match view::normalise_path(req.uri().path()).map_err(ProxyError::BadTarget)? {
+/// The request as both the guard and the upstream see it: `Host` checked, the path
+/// normalised in its URI (the query is kept as sent).
+fn one_view<B>(mut req: Request<B>, slashes: EscapedSlashes) -> Result<Request<B>, ProxyError> {
+    view::check_host(req.version(), req.uri(), req.headers()).map_err(ProxyError::BadTarget)?;
+    let normal = match path::normalise(req.uri().path(), slashes).map_err(ProxyError::BadPath)? {
         Cow::Borrowed(_) => return Ok(req),
         Cow::Owned(normal) => normal,
     };
@@ -160,14 +161,14 @@ fn one_view<B>(mut req: Request<B>) -> Result<Request<B>, ProxyError> {
         Some(query) => format!("{normal}?{query}"),
         None => normal,
     };
-    // Built from a valid path by decoding unreserved characters only.
+    // Built from a valid path by decoding unreserved characters and slashes only.
     parts.path_and_query = Some(
         target
             .parse()
-            .map_err(|_| ProxyError::BadTarget(TargetError::BadPercent))?,
+            .map_err(|_| ProxyError::BadPath(PathError::BadPercent))?,
     );
     *req.uri_mut() =
-        Uri::from_parts(parts).map_err(|_| ProxyError::BadTarget(TargetError::BadPercent))?;
+        Uri::from_parts(parts).map_err(|_| ProxyError::BadPath(PathError::BadPercent))?;
     Ok(req)
 }
 
@@ -199,8 +200,9 @@ impl Read {
     }
 }
 
-/// Reads a guarded body whole, before anything is claimed; a client that trickles it
-/// gets as long as the upstream would, then 408, holding no claim.
+/// Reads a guarded body whole, before anything is claimed; a client that stalls for
+/// `listen_body_timeout`, or trickles it for longer than the upstream would get, is
+/// answered 408, holding no claim.
 async fn read_body<S: Store, B: RequestBody>(
     state: &AppState<S>,
     live: &Live,
@@ -212,20 +214,21 @@ async fn read_body<S: Store, B: RequestBody>(
     if length.is_some_and(|len| len > limit) {
         return Err(ProxyError::BodyTooLarge { limit });
     }
-    // A declared length is held before a byte is read: a client cannot stall many
-    // bodies each one byte short of their size past `max_buffered_bytes`.
+    // Bytes are taken from `max_buffered_bytes` as they arrive, not as announced: a few
+    // connections declaring large bodies they never send must not starve every other
+    // guarded request. A body that stalls for `listen_body_timeout` gives its share back.
     let mut held = state.budget.strict();
-    if !held.grow(length.unwrap_or(0)) {
-        return Err(ProxyError::Overloaded);
-    }
     let (parts, body) = req.into_parts();
+    let body = StallGuard::new(body, live.config.listen_body_timeout);
     let read = collect_capped(body, limit, &mut held);
     let read = tokio::time::timeout(live.config.upstream.timeout, read);
     let body = match read
         .await
         .map_err(|_| ProxyError::BodyTimeout)?
-        .map_err(|err| ProxyError::BadRequestBody(err.into()))?
-    {
+        .map_err(|err| match err {
+            Stalled::Stalled => ProxyError::BodyTimeout,
+            Stalled::Body(err) => ProxyError::BadRequestBody(err.into()),
+        })? {
         Capped::Complete(body) => body,
         Capped::Overflow { .. } => return Err(ProxyError::BodyTooLarge { limit }),
         Capped::OverBudget => return Err(ProxyError::Overloaded),
@@ -330,8 +333,12 @@ async fn pass_through<S: Store, B: RequestBody>(
     req: Request<B>,
     peer: SocketAddr,
 ) -> Result<Next, ProxyError> {
-    if upgrade::wanted(req.headers()) {
-        let response = upgrade::pass(state, live, req, peer).await?;
+    // An upgrade to a protocol `upgrades` does not list is forwarded as a plain request:
+    // its `Upgrade` (and `HTTP2-Settings`) go, as hop-by-hop headers do.
+    if upgrade::wanted(req.headers())
+        && let Some(protocols) = upgrade::listed(req.headers(), &live.config.upgrades)
+    {
+        let response = upgrade::pass(state, live, req, protocols, peer).await?;
         return Ok(Next::Answer(Reply::new(Outcome::Passthrough, response)));
     }
     let (parts, body) = req.into_parts();
@@ -353,6 +360,12 @@ async fn forward_unguarded<S: Store>(
     let sent = upstream::send(live.client(), request, deadline).await;
     state.metrics.observe_upstream(started.elapsed());
     match sent {
+        // Joining would let every later request on the connection past the guard.
+        Ok(response) if response.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+            Err(ProxyError::PassThroughFailed(Box::new(
+                ProxyError::UpstreamUnreachable(upstream::UNASKED_SWITCH.into()),
+            )))
+        }
         Ok(response) => Ok(response.map(ProxyBody::stream)),
         // Not guarded: counted apart from the guarded outcomes (SPEC §16).
         Err(failure) => Err(ProxyError::PassThroughFailed(Box::new(failure.into()))),
@@ -385,7 +398,8 @@ pub fn record_id(
     headers: &http::HeaderMap,
     key: &str,
 ) -> Result<String, RecordIdError> {
-    let normal = view::normalise_path(path).map_err(|err| RecordIdError::Path(err.to_string()))?;
+    let normal = path::normalise(path, config.escaped_slashes)
+        .map_err(|err| RecordIdError::Path(err.to_string()))?;
     let policy = config
         .route_index(&view::match_path(&normal))
         .and_then(|i| config.routes.get(i))

@@ -23,6 +23,7 @@ mod detach;
 mod exchange;
 mod handler;
 mod lease;
+mod listen;
 pub mod reload;
 mod reply;
 mod upgrade;
@@ -31,16 +32,12 @@ mod view;
 mod workers;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +49,8 @@ use crate::store::{Deadline, Store, Timed};
 use crate::worker::PerWorker;
 pub use body::{ProxyBody, RequestBody};
 pub use handler::{RecordIdError, handle, record_id};
+pub use listen::accept;
+pub(crate) use listen::{Activity, Ended, drive};
 pub use upstream::UpstreamClient;
 pub use workers::{WorkerError, bind_workers, serve_workers};
 
@@ -193,6 +192,7 @@ pub async fn serve<S: Store>(
     shutdown: impl Future<Output = ()>,
 ) -> Shutdown {
     let header_timeout = state.config.listen_header_timeout;
+    let idle_timeout = state.config.listen_idle_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -203,7 +203,8 @@ pub async fn serve<S: Store>(
         // also bounds a request head: a larger one is answered 431.
         .max_buf_size(64 * 1024)
         .keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
+    let stop = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -221,26 +222,33 @@ pub async fn serve<S: Store>(
         };
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
-        let head = HeadSeen::default();
-        let seen = head.clone();
+        let activity = Activity::default();
+        let seen = activity.clone();
         let svc = service_fn(move |req| {
-            seen.mark();
+            let open = seen.start();
             let state = Arc::clone(&state);
-            async move { Ok::<_, std::convert::Infallible>(handler::handle(state, req, peer).await) }
+            async move {
+                let response = handler::handle(state, req, peer).await;
+                drop(open);
+                Ok::<_, std::convert::Infallible>(response)
+            }
         });
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), svc)
             .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
+        let stop = stop.clone();
+        connections.spawn(async move {
             let _open = permit;
-            match head_deadline(conn, header_timeout, &head).await {
-                Some(Err(err)) => {
+            match listen::drive(conn, header_timeout, idle_timeout, &activity, &stop).await {
+                Ended::Closed(Err(err)) => {
                     tracing::debug!(error = %err, %peer, "connection ended with an error");
                 }
-                Some(Ok(())) => {}
-                None => {
+                Ended::Closed(Ok(())) => {}
+                Ended::NoHead => {
                     tracing::debug!(%peer, "closed: no request head within listen_header_timeout");
+                }
+                Ended::Dropped => {
+                    tracing::debug!(%peer, "dropped: idle, and did not go away when asked");
                 }
             }
         });
@@ -254,8 +262,10 @@ pub async fn serve<S: Store>(
     let limit = state.live().config.shutdown_timeout;
     let until = tokio::time::Instant::now() + limit;
     state.tasks.close();
+    stop.cancel();
+    connections.close();
     let drained = async {
-        graceful.shutdown().await;
+        connections.wait().await;
         state.tasks.wait().await;
     };
     let how = match tokio::time::timeout_at(until, drained).await {
@@ -280,51 +290,4 @@ pub async fn serve<S: Store>(
     state.closing.cancel();
     state.tunnels.wait().await;
     how
-}
-
-/// Set by a connection's service at its first request: until then the connection has
-/// not sent one complete request head.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct HeadSeen(Arc<AtomicBool>);
-
-impl HeadSeen {
-    pub(crate) fn mark(&self) {
-        if !self.0.load(Ordering::Relaxed) {
-            self.0.store(true, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Drives a connection to its end, but drops it (closing the socket) when no complete
-/// request head arrived within `limit`: HTTP/1 and HTTP/2 alike, and before the
-/// protocol is known, which hyper's own header timeout does not cover (SPEC §15).
-pub(crate) async fn head_deadline<F: Future>(
-    conn: F,
-    limit: Duration,
-    head: &HeadSeen,
-) -> Option<F::Output> {
-    tokio::pin!(conn);
-    tokio::select! {
-        out = &mut conn => return Some(out),
-        () = tokio::time::sleep(limit) => {}
-    }
-    if head.0.load(Ordering::Relaxed) {
-        Some(conn.await)
-    } else {
-        None
-    }
-}
-
-/// The next connection. Accept errors (out of file descriptors and the like) are logged
-/// and waited out instead of spinning; they never end a listener.
-pub async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok(conn) => return conn,
-            Err(err) => {
-                tracing::warn!(error = %err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
 }

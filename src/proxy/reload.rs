@@ -4,7 +4,7 @@
 //!
 //! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
 //! `log.level`, `admin.token` (read by the admin listener per request), `route_match`,
-//! `shutdown_timeout`. What needs a restart, and is refused: the keys in
+//! `shutdown_timeout`, `escaped_slashes`, `upgrades`, `listen_body_timeout`. What needs a restart, and is refused: the keys in
 //! [`RESTART_ONLY`].
 
 use std::net::SocketAddr;
@@ -31,7 +31,7 @@ type Same = fn(&Config, &Config) -> bool;
 /// The keys a running proxy cannot change, each with how to read it: the listeners,
 /// the store and the log format (SPEC §14), and what the accept loop and the answers
 /// were built with at start-up.
-const RESTART_ONLY: [(&str, Same); 9] = [
+const RESTART_ONLY: [(&str, Same); 10] = [
     ("listen", |a, b| a.listen == b.listen),
     ("admin.listen", |a, b| a.admin.listen == b.admin.listen),
     ("store", |a, b| a.store == b.store),
@@ -47,6 +47,9 @@ const RESTART_ONLY: [(&str, Same); 9] = [
         a.listen_header_timeout == b.listen_header_timeout
     }),
     ("errors", |a, b| a.errors == b.errors),
+    ("listen_idle_timeout", |a, b| {
+        a.listen_idle_timeout == b.listen_idle_timeout
+    }),
 ];
 
 /// Refuses a configuration that changes a key of [`RESTART_ONLY`].

@@ -39,6 +39,13 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// Why a `101` is refused where no upgrade was forwarded.
+pub(crate) const UNASKED_SWITCH: &str =
+    "the upstream answered 101 Switching Protocols to a request that asked for no upgrade";
+
+/// A header that only means something with an `Upgrade: h2c`, which is never forwarded.
+static HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
+
 /// How long a pooled upstream connection may sit unused before it is closed.
 const POOL_IDLE: Duration = Duration::from_secs(30);
 
@@ -287,6 +294,7 @@ pub(crate) fn upstream_request(
     parts.uri = Uri::from_parts(target).unwrap_or_else(|_| upstream.clone());
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(&HTTP2_SETTINGS);
     add_forwarded(&mut parts.headers, client);
     Request::from_parts(parts, body)
 }

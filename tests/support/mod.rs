@@ -9,6 +9,7 @@ pub mod fake_redis;
 pub mod fault;
 pub mod monitor;
 pub mod redis;
+pub mod servers;
 pub mod stall;
 pub mod upstream;
 

@@ -423,11 +423,88 @@ fn routes_match_whole_segments_in_file_order() {
     for path in ["/", "/a", "/a/b", ""] {
         assert_eq!(policy_for(&root, path).ttl, secs(3_600), "{path}");
     }
-    let trailing = parse_ok(&with_minimal("routes:\n  - path: /charges//\n"));
+    let trailing = parse_ok(&with_minimal("routes:\n  - path: /charges/\n"));
     assert_eq!(trailing.routes[0].path, "/charges");
+}
+
+#[test]
+fn a_route_path_not_in_normal_form_is_refused_with_its_normal_form() {
+    for (path, normal) in [
+        ("//charges", "/charges"),
+        ("/%63harges", "/charges"),
+        ("/a/../b", "/b"),
+        ("/charges//", "/charges/"),
+        ("/./charges", "/charges"),
+        ("//", "/"),
+    ] {
+        let message = error_at(
+            &with_minimal(&format!("routes:\n  - path: '{path}'\n")),
+            "routes[0].path",
+        );
+        assert!(
+            message.contains("not in normal form") && message.contains(&format!("'{normal}'")),
+            "{path}: {message}"
+        );
+    }
+    for path in ["/charges%2F1", "/a/..;/b", "/a%00", "/a\\b"] {
+        let message = error_at(
+            &with_minimal(&format!("routes:\n  - path: '{path}'\n")),
+            "routes[0].path",
+        );
+        assert!(message.contains("can never match"), "{path}: {message}");
+    }
+    let decoded = error_at(
+        &with_minimal("escaped_slashes: decode\nroutes:\n  - path: /a%2Fb\n"),
+        "routes[0].path",
+    );
+    assert!(decoded.contains("'/a/b'"), "{decoded}");
+    let kept = parse_ok(&with_minimal(
+        "escaped_slashes: keep\nroutes:\n  - path: /a%2Fb\n",
+    ));
+    assert_eq!(kept.routes[0].path, "/a%2Fb");
+}
+
+#[test]
+fn upgrades_are_protocol_names_and_never_h2c() {
+    assert_eq!(parse_ok(&with_minimal("")).upgrades, vec!["websocket"]);
     assert_eq!(
-        parse_ok(&with_minimal("routes:\n  - path: //\n")).routes[0].path,
-        "/"
+        parse_ok(&with_minimal("upgrades: [WebSocket, foo/2]\n")).upgrades,
+        vec!["websocket", "foo/2"]
+    );
+    assert!(
+        parse_ok(&with_minimal("upgrades: []\n"))
+            .upgrades
+            .is_empty()
+    );
+    for (bad, at) in [
+        ("[h2c]", "upgrades[0]"),
+        ("[websocket, H2C]", "upgrades[1]"),
+        ("['h2c/1']", "upgrades[0]"),
+    ] {
+        let message = error_at(&with_minimal(&format!("upgrades: {bad}\n")), at);
+        assert!(message.contains("h2c"), "{bad}: {message}");
+    }
+    let message = error_at(&with_minimal("upgrades: ['a b']\n"), "upgrades[0]");
+    assert!(message.contains("protocol name"), "{message}");
+}
+
+#[test]
+fn the_listener_timeouts_have_their_defaults() {
+    let config = parse_ok(&with_minimal(""));
+    assert_eq!(config.listen_idle_timeout, secs(60));
+    assert_eq!(config.listen_body_timeout, secs(30));
+    assert_eq!(
+        config.escaped_slashes,
+        crate::idempotency::path::EscapedSlashes::Reject
+    );
+    let set = parse_ok(&with_minimal(
+        "listen_idle_timeout: 5s\nlisten_body_timeout: 2s\nescaped_slashes: decode\n",
+    ));
+    assert_eq!(set.listen_idle_timeout, secs(5));
+    assert_eq!(set.listen_body_timeout, secs(2));
+    assert_eq!(
+        set.escaped_slashes,
+        crate::idempotency::path::EscapedSlashes::Decode
     );
 }
 
