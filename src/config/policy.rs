@@ -32,7 +32,8 @@ use super::render::{
     size, statuses, strings,
 };
 use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Methods, Pick, Pointer, Raw, Size, Status,
+    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Pick, Pointer, Raw, Size,
+    Status,
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
@@ -167,7 +168,7 @@ policy_keys! {
         ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur, show duration;
         /// How long an in-flight marker outlives its last renewal: the longest a
         /// crashed proxy blocks retries of its key.
-        lease: Duration = Duration::from_secs(10), from Dur, show duration;
+        lease: Duration = Duration::from_secs(10), from Lease, show duration;
         /// What a duplicate of a request still in flight gets.
         on_concurrent: OnConcurrent = OnConcurrent::Reject,
             from Pick<OnConcurrent>, show choice;

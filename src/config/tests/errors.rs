@@ -119,6 +119,43 @@ const DURATION_KEYS: [(&str, &str); 10] = [
     ),
 ];
 
+/// A duration under 1ms would be counted as 0 ms by the store and the timers, and a
+/// lease under 100ms ends before a renewal can land: both are errors naming the key.
+/// `lease: 1ns` and `ttl: 500us` used to load.
+#[test]
+fn durations_too_small_to_work_are_refused() {
+    for (template, path) in DURATION_KEYS {
+        for value in ["500us", "999us", "999999ns", "1ns", "1us"] {
+            let message = error_at(&template.replace('V', value), path);
+            assert!(message.contains("less than 1ms"), "{message}");
+        }
+        if !path.ends_with(".lease") {
+            parse_ok(&template.replace('V', "1ms"));
+        }
+    }
+    for path in ["idempotency", "routes[0]"] {
+        let template = if path == "idempotency" {
+            "idempotency:\n  lease: V\n"
+        } else {
+            "routes:\n  - path: /a\n    lease: V\n"
+        };
+        for value in ["1ms", "50ms", "99ms", "99999us"] {
+            let message = error_at(
+                &with_minimal(&template.replace('V', value)),
+                &format!("{path}.lease"),
+            );
+            assert!(message.contains("shorter than 100ms"), "{message}");
+        }
+        let config = parse_ok(&with_minimal(&template.replace('V', "100ms")));
+        assert_eq!(policy_for(&config, "/a").lease, Duration::from_millis(100));
+    }
+    let message = error_at(
+        &with_minimal("idempotency:\n  key_from: [{fingerprint: 500us}]\n"),
+        "idempotency.key_from[0].fingerprint",
+    );
+    assert!(message.contains("less than 1ms"), "{message}");
+}
+
 /// Every size key, as [`DURATION_KEYS`].
 const SIZE_KEYS: [(&str, &str); 4] = [
     (
