@@ -102,6 +102,28 @@ async fn check_output_keeps_a_dollar_brace_from_the_environment() {
     assert_eq!(second.stdout, first.stdout);
 }
 
+/// `--check` prints secrets as `***` and says so at the top; its output does not start a
+/// server (here: does not check) until they are filled in. A server started from it
+/// used to accept `Bearer ***`.
+#[tokio::test]
+async fn check_output_with_a_token_is_refused_until_the_token_is_filled_in() {
+    let file = TempConfig::new(&format!("{MINIMAL}admin:\n  token: tok-3f9a\n"));
+    let first = check(&file).await;
+    assert_eq!(first.code(), Some(0), "stderr: {}", first.stderr);
+    assert!(first.stdout.starts_with("# "), "{}", first.stdout);
+    assert!(!first.stdout.contains("tok-3f9a"), "{}", first.stdout);
+
+    let printed = TempConfig::new(&first.stdout);
+    let second = check(&printed).await;
+    assert_eq!(second.code(), Some(1), "stdout: {}", second.stdout);
+    assert!(second.stderr.contains("admin.token: "), "{}", second.stderr);
+
+    let filled = TempConfig::new(&first.stdout.replace("'***'", "tok-3f9a"));
+    let third = check(&filled).await;
+    assert_eq!(third.code(), Some(0), "stderr: {}", third.stderr);
+    assert_eq!(third.stdout, first.stdout);
+}
+
 #[tokio::test]
 async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
     let cases = [
