@@ -315,6 +315,50 @@ async fn a_request_still_held_when_shutdown_timeout_passes_makes_the_exit_code_1
     );
 }
 
+/// A SIGHUP reload that changes where records are addressed is applied, logged at `warn`
+/// naming the policy, and counted in `idemgate_reload_address_changes_total`.
+#[tokio::test]
+async fn sighup_that_moves_addresses_is_logged_naming_the_policies_and_counted() {
+    let upstream = Upstream::start().await;
+    let admin = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin_addr = admin.local_addr().expect("addr");
+    drop(admin);
+    let before = format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: {admin_addr}\nroutes:\n  - path: /charges\n    ttl: 1h\n",
+        upstream.url()
+    );
+    let file = TempConfig::new(&before);
+    let config = file.path().to_str().expect("utf-8 path");
+    let mut proxy = Running::start(&["--config", config]).await;
+    let admin = TestClient::new(admin_addr);
+
+    std::fs::write(
+        file.path(),
+        before.replace("ttl: 1h", "key_from: [{query: id}]"),
+    )
+    .expect("write");
+    proxy.signal("HUP").await;
+    await_reloads(&admin, "ok", &proxy).await;
+    let metrics = admin.send("GET", "/metrics", &[], "").await.text();
+    assert!(
+        metrics.contains("idemgate_reload_address_changes_total 1"),
+        "{metrics}"
+    );
+    proxy.terminate().await;
+    assert!(proxy.wait_exit().await.success(), "{}", proxy.stderr());
+    let log = proxy.stderr();
+    let line = log
+        .lines()
+        .find(|line| line.contains("record addresses"))
+        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("routes[0] (/charges)"), "{line}");
+    assert!(
+        !line.contains("idempotency,"),
+        "only the route moved: {line}"
+    );
+}
+
 /// Polls `/metrics` until `idemgate_config_reloads_total{result}` is 1, for at most
 /// [`support::bin::LIMIT`].
 async fn await_reloads(admin: &TestClient, result: &str, proxy: &Running) {

@@ -292,6 +292,20 @@ impl Policy {
         ScopedKey::scoped_in_parts(headers, scope, source.label_parts(), key)
     }
 
+    /// Whether every request gets the same record address under `self` as under
+    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, and the
+    /// scope headers and cookies, in order, as they are hashed) are the same. A
+    /// `fingerprint` window changes how long a record is kept, not where.
+    pub fn same_addresses(&self, other: &Policy) -> bool {
+        self.scope_headers == other.scope_headers
+            && self.scope_cookies == other.scope_cookies
+            && self
+                .key_from
+                .iter()
+                .map(KeySource::label_parts)
+                .eq(other.key_from.iter().map(KeySource::label_parts))
+    }
+
     /// What the fingerprint of a request under this policy covers.
     pub fn fingerprint_rules(&self) -> FingerprintRules<'_> {
         FingerprintRules {
