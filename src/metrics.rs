@@ -174,6 +174,8 @@ pub struct Metrics {
     records_lost: Counter,
     /// SIGHUP reloads: `[ok, error]`.
     reloads: [Counter; 2],
+    /// Reloads that changed how record addresses are computed.
+    reload_address_changes: Counter,
     /// Records fewer replicas acknowledged than `store.min_replicas` asks (SPEC §14).
     replication_shortfall: Counter,
     /// Keys removed through the admin API (SPEC §13).
@@ -264,6 +266,12 @@ impl Metrics {
             "Configuration reloads (SIGHUP) by result; an error leaves the running configuration in force",
             reloads_family,
         );
+        let reload_address_changes = Counter::default();
+        registry.register(
+            "idemgate_reload_address_changes",
+            "Reloads that changed how record addresses are computed (key_from, scope_headers, scope_cookies): retries of requests completed before them execute again",
+            reload_address_changes.clone(),
+        );
         let replication_shortfall = Counter::default();
         registry.register(
             "idemgate_replication_shortfall",
@@ -281,6 +289,7 @@ impl Metrics {
             requests,
             replication_shortfall,
             reloads,
+            reload_address_changes,
             admin_purges,
             store_ops,
             upstream,
@@ -345,6 +354,17 @@ impl Metrics {
     pub fn count_reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
         self.wake();
+    }
+
+    /// Counts a reload that changed how record addresses are computed.
+    pub fn count_address_change(&self) {
+        self.reload_address_changes.inc();
+        self.wake();
+    }
+
+    /// Reloads so far that changed how record addresses are computed.
+    pub fn address_changes(&self) -> u64 {
+        self.reload_address_changes.get()
     }
 
     /// Counts a purge through the admin API (SPEC §13).

@@ -102,6 +102,28 @@ async fn check_output_keeps_a_dollar_brace_from_the_environment() {
     assert_eq!(second.stdout, first.stdout);
 }
 
+/// `--check` prints secrets as `***` and says so at the top; its output does not start a
+/// server (here: does not check) until they are filled in. A server started from it
+/// used to accept `Bearer ***`.
+#[tokio::test]
+async fn check_output_with_a_token_is_refused_until_the_token_is_filled_in() {
+    let file = TempConfig::new(&format!("{MINIMAL}admin:\n  token: tok-3f9a\n"));
+    let first = check(&file).await;
+    assert_eq!(first.code(), Some(0), "stderr: {}", first.stderr);
+    assert!(first.stdout.starts_with("# "), "{}", first.stdout);
+    assert!(!first.stdout.contains("tok-3f9a"), "{}", first.stdout);
+
+    let printed = TempConfig::new(&first.stdout);
+    let second = check(&printed).await;
+    assert_eq!(second.code(), Some(1), "stdout: {}", second.stdout);
+    assert!(second.stderr.contains("admin.token: "), "{}", second.stderr);
+
+    let filled = TempConfig::new(&first.stdout.replace("'***'", "tok-3f9a"));
+    let third = check(&filled).await;
+    assert_eq!(third.code(), Some(0), "stderr: {}", third.stderr);
+    assert_eq!(third.stdout, first.stdout);
+}
+
 #[tokio::test]
 async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
     let cases = [
@@ -290,6 +312,50 @@ async fn a_request_still_held_when_shutdown_timeout_passes_makes_the_exit_code_1
         proxy.stderr().contains("shutdown_timeout"),
         "{}",
         proxy.stderr()
+    );
+}
+
+/// A SIGHUP reload that changes where records are addressed is applied, logged at `warn`
+/// naming the policy, and counted in `idemgate_reload_address_changes_total`.
+#[tokio::test]
+async fn sighup_that_moves_addresses_is_logged_naming_the_policies_and_counted() {
+    let upstream = Upstream::start().await;
+    let admin = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin_addr = admin.local_addr().expect("addr");
+    drop(admin);
+    let before = format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: {admin_addr}\nroutes:\n  - path: /charges\n    ttl: 1h\n",
+        upstream.url()
+    );
+    let file = TempConfig::new(&before);
+    let config = file.path().to_str().expect("utf-8 path");
+    let mut proxy = Running::start(&["--config", config]).await;
+    let admin = TestClient::new(admin_addr);
+
+    std::fs::write(
+        file.path(),
+        before.replace("ttl: 1h", "key_from: [{query: id}]"),
+    )
+    .expect("write");
+    proxy.signal("HUP").await;
+    await_reloads(&admin, "ok", &proxy).await;
+    let metrics = admin.send("GET", "/metrics", &[], "").await.text();
+    assert!(
+        metrics.contains("idemgate_reload_address_changes_total 1"),
+        "{metrics}"
+    );
+    proxy.terminate().await;
+    assert!(proxy.wait_exit().await.success(), "{}", proxy.stderr());
+    let log = proxy.stderr();
+    let line = log
+        .lines()
+        .find(|line| line.contains("record addresses"))
+        .unwrap_or_else(|| panic!("no warning in:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("routes[0] (/charges)"), "{line}");
+    assert!(
+        !line.contains("idempotency,"),
+        "only the route moved: {line}"
     );
 }
 

@@ -108,6 +108,58 @@ async fn a_refused_or_invalid_file_leaves_the_running_configuration_in_force() {
     proxy.stop().await;
 }
 
+/// A reload that changes how record addresses are computed is applied, and counted once
+/// per such reload; a reload that changes nothing of addresses counts nothing. Retries of
+/// requests completed before it execute again, which is why it is counted.
+#[tokio::test]
+async fn a_reload_that_moves_addresses_is_applied_and_counted() {
+    let up = Upstream::start().await;
+    let yaml = |scope: &str, ttl: &str| {
+        format!(
+            "upstream:\n  url: {}\nroutes:\n  - path: /charges\n    scope_headers: [{scope}]\n    ttl: {ttl}\n",
+            up.url()
+        )
+    };
+    let file = TempConfig::new(&yaml("authorization", "24h"));
+    let proxy = proxy_from(&file).await;
+    let c = proxy.client();
+    // A client that authenticates: its scope is its token while authorization scopes.
+    let post = || {
+        c.send(
+            "POST",
+            "/charges",
+            &[
+                ("idempotency-key", "k1"),
+                ("authorization", "Bearer t1"),
+                JSON,
+            ],
+            "{}",
+        )
+    };
+    assert!(!post().await.replayed());
+    assert!(post().await.replayed());
+
+    // Neither another ttl nor the same file again moves an address.
+    for ttl in ["1h", "1h"] {
+        write(&file, &yaml("authorization", ttl));
+        reload(&proxy.state, file.path(), None, &no_level).expect("reloads");
+    }
+    assert_eq!(proxy.state.metrics.address_changes(), 0);
+    assert!(post().await.replayed());
+
+    write(&file, &yaml("x-api-key", "1h"));
+    reload(&proxy.state, file.path(), None, &no_level).expect("applied");
+    assert_eq!(proxy.state.metrics.address_changes(), 1);
+    let retry = post().await;
+    assert!(!retry.replayed(), "the record is at the old address");
+    assert_eq!(up.count(), 2);
+    // Reloading the moved file again moves nothing more.
+    reload(&proxy.state, file.path(), None, &no_level).expect("reloads");
+    assert_eq!(proxy.state.metrics.address_changes(), 1);
+    assert_eq!(proxy.state.metrics.reloads(), (4, 0));
+    proxy.stop().await;
+}
+
 /// A request in flight during a reload is released or recorded as its own policy says:
 /// here the old policy releases a 201 and the new one records it. `store` is the YAML
 /// of the store section, the same in both files (a change to it would be refused); the

@@ -265,7 +265,9 @@ pub(crate) fn idemgate_yaml(
     };
     let idempotency = tuning.ttl.map_or_else(String::new, |ttl| {
         let ms = ttl.as_millis().max(1);
-        format!("idempotency:\n  ttl: {ms}ms\n  lease: {ms}ms\n")
+        // idemgate refuses a lease under 100ms.
+        let lease = ms.max(100);
+        format!("idempotency:\n  ttl: {ms}ms\n  lease: {lease}ms\n")
     });
     if let Some(n) = tuning.max_entries {
         store.push_str(&format!("  max_entries: {n}\n"));

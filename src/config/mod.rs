@@ -315,7 +315,9 @@ impl Config {
     }
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
-    /// back to an equal `Config`, except that store passwords are printed as `***`.
+    /// back to an equal `Config` once its secrets are filled in: store passwords and
+    /// `admin.token` are printed as `***`, which loading refuses, and a comment at the
+    /// top names them.
     /// A `${` in a value is printed `$${`, which loads back as `${` (not a variable).
     ///
     /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
@@ -370,22 +372,53 @@ fn prefix_matches(prefix: &str, path: &str, mode: RouteMatch) -> bool {
     same && (rest.is_empty() || rest.starts_with('/'))
 }
 
-/// Replaces the password (or a lone user-info part, which some clients read as a
-/// password) of a `scheme://user:pass@host` URL with `***`.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
+/// What `--check` prints in place of a secret. Loading refuses it as the value of a
+/// secret, so that printed output never starts a server that takes the mask for the
+/// secret (a token of `***` would let anyone who guesses it purge keys).
+const MASK: &str = "***";
+
+/// A `scheme://user:pass@host` URL cut around its secret: the password, or a lone
+/// user-info part, which some clients read as a password.
+struct UrlSecret<'a> {
+    /// Up to and including the `:` after the user name, or the `://` of a lone secret.
+    before: &'a str,
+    secret: &'a str,
+    /// From the `@` that ends the user-info on.
+    after: &'a str,
+}
+
+fn url_secret(url: &str) -> Option<UrlSecret<'_>> {
+    let (scheme, rest) = url.split_once("://")?;
     // The last `@` ends the user-info: a password may contain an unescaped `@`, a host
     // or a database path never does.
-    let Some((userinfo, host)) = rest.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    let userinfo = match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    format!("{scheme}://{userinfo}@{host}")
+    let (userinfo, _host) = rest.rsplit_once('@')?;
+    let start = scheme.len() + "://".len();
+    let start = start + userinfo.find(':').map_or(0, |colon| colon + 1);
+    let end = scheme.len() + "://".len() + userinfo.len();
+    Some(UrlSecret {
+        before: &url[..start],
+        secret: &url[start..end],
+        after: &url[end..],
+    })
+}
+
+/// The URL with its secret, if it has one, replaced by `mask`.
+fn mask_url(url: &str, mask: &str) -> String {
+    match url_secret(url) {
+        Some(cut) => format!("{}{mask}{}", cut.before, cut.after),
+        None => url.to_owned(),
+    }
+}
+
+/// Replaces the password (or a lone user-info part) of a URL with `***`.
+fn redact_url(url: &str) -> String {
+    mask_url(url, MASK)
+}
+
+/// Whether the URL's password is the mask, as written or percent-encoded (Redis clients
+/// decode it before sending it).
+fn url_secret_is_masked(url: &str) -> bool {
+    url_secret(url).is_some_and(|cut| cut.secret.replace("%2A", "*").replace("%2a", "*") == MASK)
 }
 
 fn syntax_error(err: &serde_yaml::Error) -> ConfigError {

@@ -32,7 +32,8 @@ use super::render::{
     size, statuses, strings,
 };
 use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Methods, Pick, Pointer, Raw, Size, Status,
+    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Pick, Pointer, Raw, Size,
+    Status,
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
@@ -167,7 +168,7 @@ policy_keys! {
         ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur, show duration;
         /// How long an in-flight marker outlives its last renewal: the longest a
         /// crashed proxy blocks retries of its key.
-        lease: Duration = Duration::from_secs(10), from Dur, show duration;
+        lease: Duration = Duration::from_secs(10), from Lease, show duration;
         /// What a duplicate of a request still in flight gets.
         on_concurrent: OnConcurrent = OnConcurrent::Reject,
             from Pick<OnConcurrent>, show choice;
@@ -289,6 +290,20 @@ impl Policy {
             cookies: &self.scope_cookies,
         };
         ScopedKey::scoped_in_parts(headers, scope, source.label_parts(), key)
+    }
+
+    /// Whether every request gets the same record address under `self` as under
+    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, and the
+    /// scope headers and cookies, in order, as they are hashed) are the same. A
+    /// `fingerprint` window changes how long a record is kept, not where.
+    pub fn same_addresses(&self, other: &Policy) -> bool {
+        self.scope_headers == other.scope_headers
+            && self.scope_cookies == other.scope_cookies
+            && self
+                .key_from
+                .iter()
+                .map(KeySource::label_parts)
+                .eq(other.key_from.iter().map(KeySource::label_parts))
     }
 
     /// What the fingerprint of a request under this policy covers.

@@ -2,7 +2,8 @@
 //!
 //! Everything is printed, defaults included, in SPEC §6 order, so an operator sees
 //! what the proxy will actually do; the output parses back to an equal `Config`
-//! (every `${` in a value printed as `$${`, which loads back as `${`).
+//! (every `${` in a value printed as `$${`, which loads back as `${`) once the secrets,
+//! printed `***` and listed in a comment at the top, are filled in.
 //! The keys declared in `policy` and `sections` are printed by the `to_mapping` methods
 //! generated there, with the printers at the end of this file.
 
@@ -128,8 +129,45 @@ pub(super) fn to_yaml(config: &Config) -> String {
 
     let mut root = Value::Mapping(root);
     escape_interpolation(&mut root);
-    serde_yaml::to_string(&root)
-        .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"))
+    let yaml = serde_yaml::to_string(&root)
+        .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
+    format!("{}{yaml}", masked_notice(config))
+}
+
+/// The comment that opens the output when it holds `***` in place of a secret: such
+/// a file is refused until each is filled in, and the operator should learn why and
+/// where before trying to start from it.
+fn masked_notice(config: &Config) -> String {
+    let store = &config.store;
+    let mut keys = Vec::new();
+    if config.admin.token.is_some() {
+        keys.push("admin.token".to_owned());
+    }
+    // The paths of the URLs that hold a secret, as `to_yaml` printed them.
+    let with_secrets = |urls: &[String], key: &str| -> Vec<String> {
+        urls.iter()
+            .enumerate()
+            .filter(|(_, url)| super::url_secret(url).is_some())
+            .map(|(i, _)| format!("{key}[{i}]"))
+            .collect()
+    };
+    match store.urls.as_slice() {
+        [url] if super::url_secret(url).is_some() => keys.push("store.url".to_owned()),
+        urls => keys.extend(with_secrets(urls, "store.urls")),
+    }
+    if let Some(sentinel) = &store.sentinel {
+        keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
+    }
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut notice = "# Secrets are printed as ***, which idemgate refuses as a secret: fill \
+                      these in\n# (the value, or ${VAR}) before starting it from this file:\n"
+        .to_owned();
+    for key in keys {
+        notice.push_str(&format!("#   {key}\n"));
+    }
+    notice
 }
 
 fn put(map: &mut Mapping, key: &str, value: impl Into<Value>) {

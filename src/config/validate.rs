@@ -10,6 +10,7 @@ use super::values::{Choice, Raw, WorkerCount};
 use super::{
     AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
     Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url,
+    url_secret_is_masked,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::path::{self, EscapedSlashes};
@@ -200,6 +201,13 @@ fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
                 "must not be empty (leave it out to allow /keys on a loopback listen only)",
             ));
         }
+        Some(token) if token == super::MASK => {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "is '***', what --check prints in place of the token; write the token \
+                 itself, e.g. ${IDEMGATE_ADMIN_TOKEN}",
+            ));
+        }
         Some(token) if token.chars().any(|c| !c.is_ascii_graphic()) => {
             return Err(ConfigError::invalid(
                 "admin.token",
@@ -221,6 +229,12 @@ fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
 /// the password into the message.
 fn check_redis_url(url: &str, cluster: bool) -> Result<(), String> {
     let shown = redact_url(url);
+    if url_secret_is_masked(url) {
+        return Err(format!(
+            "'{shown}' has '***' for its password, what --check prints in place of the \
+             password; write the password itself, e.g. ${{REDIS_PASSWORD}}"
+        ));
+    }
     let Some(rest) = url
         .strip_prefix("redis://")
         .or_else(|| url.strip_prefix("rediss://"))

@@ -45,6 +45,7 @@ macro_rules! raw_newtypes {
 
 raw_newtypes! {
     Dur => Duration,
+    Lease => Duration,
     Size => u64,
     Flag => bool,
     Header => HeaderName,
@@ -156,8 +157,19 @@ const MAX_DURATION: Duration = Duration::from_secs(10 * 31_557_600);
 /// worth buffering, and far enough below `u64::MAX` that sums of sizes cannot overflow.
 const MAX_SIZE: u64 = 1 << 40;
 
-/// A duration greater than zero and at most [`MAX_DURATION`]: every duration in the
-/// file is a TTL, a lease or a timeout, and zero would make each of them meaningless.
+/// The shortest duration any key takes. Redis counts TTLs in whole milliseconds
+/// (`PX`) and the proxy's timers tick in them, so a shorter one (`500us`) would be
+/// stored or waited for as zero: an expired record, or a timeout that fires at once.
+const MIN_DURATION: Duration = Duration::from_millis(1);
+
+/// The shortest `lease`. A lease is renewed every third of it, over the store, while
+/// the upstream works; a shorter one (`1ns` used to load) ends before a renewal can
+/// land, so a duplicate would take over a request still in flight and forward it again.
+const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// A duration of at least [`MIN_DURATION`] and at most [`MAX_DURATION`]: every duration
+/// in the file is a TTL, a lease or a timeout, and zero would make each of them
+/// meaningless.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Dur(pub(super) Duration);
 
@@ -173,6 +185,13 @@ impl<'de> Deserialize<'de> for Dur {
         if duration.is_zero() {
             return Err(de::Error::custom("must be greater than zero"));
         }
+        if duration < MIN_DURATION {
+            return Err(de::Error::custom(format!(
+                "duration '{}' is less than 1ms, and would be counted as 0 ms; \
+                 write at least 1ms",
+                text.trim()
+            )));
+        }
         if duration > MAX_DURATION {
             return Err(de::Error::custom(format!(
                 "duration '{}' is more than 10 years ({}), the longest any key takes",
@@ -181,6 +200,26 @@ impl<'de> Deserialize<'de> for Dur {
             )));
         }
         Ok(Dur(duration))
+    }
+}
+
+/// `lease`: a [`Dur`] of at least [`MIN_LEASE`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lease(pub(super) Duration);
+
+impl<'de> Deserialize<'de> for Lease {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Dur(duration) = Dur::deserialize(d)?;
+        if duration < MIN_LEASE {
+            return Err(de::Error::custom(format!(
+                "lease {} is shorter than {}: it would end before a renewal (every third of it, \
+                 over the store) could land, and duplicates would take over requests still \
+                 in flight",
+                units::format_duration(duration),
+                units::format_duration(MIN_LEASE)
+            )));
+        }
+        Ok(Lease(duration))
     }
 }
 

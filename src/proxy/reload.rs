@@ -4,14 +4,17 @@
 //!
 //! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
 //! `log.level`, `admin.token` (read by the admin listener per request), `route_match`,
-//! `shutdown_timeout`, `escaped_slashes`, `upgrades`, `listen_body_timeout`. What needs a restart, and is refused: the keys in
-//! [`RESTART_ONLY`].
+//! `shutdown_timeout`, `escaped_slashes`, `upgrades`, `listen_body_timeout`. What needs
+//! a restart, and is refused: the keys in [`RESTART_ONLY`]. A reload that changes where
+//! records are addressed ([`moved_addresses`]) is applied too, but logged at `warn` and
+//! counted, since retries of requests completed before it no longer find their records.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use super::AppState;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Policy};
 use crate::store::Store;
 
 /// Why a reload left the running configuration in force.
@@ -60,6 +63,37 @@ pub fn check(running: &Config, new: &Config) -> Result<(), ReloadError> {
     }
 }
 
+/// The policies of `new` (`idempotency`, `routes[1] (/charges)`) under which some
+/// request gets another record address than under `running`: its records become
+/// invisible to it, so retries of requests completed before the reload execute again.
+///
+/// Which policy a path gets can only change at a route prefix of either file, so the
+/// prefixes of both, and `idempotency` itself, are the only paths worth comparing.
+pub fn moved_addresses(running: &Config, new: &Config) -> Vec<String> {
+    let mut moved = BTreeSet::new();
+    if !running.idempotency.same_addresses(&new.idempotency) {
+        moved.insert(None);
+    }
+    for path in running.routes.iter().chain(&new.routes).map(|r| &r.path) {
+        let (before, after) = (running.route_index(path), new.route_index(path));
+        if !policy_at(running, before).same_addresses(policy_at(new, after)) {
+            moved.insert(after);
+        }
+    }
+    moved
+        .into_iter()
+        .map(|index| match index {
+            None => "idempotency".to_owned(),
+            Some(i) => format!("routes[{i}] ({})", new.routes[i].path),
+        })
+        .collect()
+}
+
+/// The policy of route `index`, or `idempotency` for `None`.
+fn policy_at(config: &Config, index: Option<usize>) -> &Policy {
+    index.map_or(&config.idempotency, |i| &config.routes[i].policy)
+}
+
 /// One reload: reads `path`, checks it, sets the log level, and puts it in force.
 /// `listen` overrides the file's `listen` as `--listen` did at start-up.
 pub fn reload<S: Store>(
@@ -75,7 +109,17 @@ pub fn reload<S: Store>(
         }
         check(&state.config, &config)?;
         set_level(&config.log.level).map_err(ReloadError::LogLevel)?;
+        let moved = moved_addresses(&state.live().config, &config);
         state.apply(config);
+        if !moved.is_empty() {
+            tracing::warn!(
+                policies = %moved.join(", "),
+                "the reload changes how record addresses are computed (key_from, \
+                 scope_headers or scope_cookies): retries of requests completed before it \
+                 execute again"
+            );
+            state.metrics.count_address_change();
+        }
         Ok(())
     })();
     state.metrics.count_reload(result.is_ok());
@@ -88,6 +132,72 @@ mod tests {
 
     fn parse(text: &str) -> Config {
         Config::from_yaml_str(text, &|_| None).expect("valid")
+    }
+
+    /// The policies a reload moves the addresses of, from a running file whose route
+    /// `/charges` scopes by a cookie, to `new` (both after `upstream`).
+    fn moved(new: &str) -> Vec<String> {
+        let base = "upstream:\n  url: http://127.0.0.1:9000\n";
+        let running = parse(&format!(
+            "{base}routes:\n  - path: /charges\n    scope_cookies: [sid]\n  - path: /other\n    ttl: 1h\n"
+        ));
+        moved_addresses(&running, &parse(&format!("{base}{new}")))
+    }
+
+    #[test]
+    fn a_reload_names_the_policies_whose_addresses_move() {
+        let same = "routes:\n  - path: /charges\n    scope_cookies: [sid]\n  - path: /other\n";
+        assert!(moved(same).is_empty());
+        // Neither how long records are kept nor the spelling of a source moves them.
+        assert!(
+            moved(&format!(
+                "idempotency:\n  ttl: 1h\n  lease: 1s\n  key_from: [{{header: Idempotency-Key}}]\n{same}"
+            ))
+            .is_empty()
+        );
+        assert_eq!(
+            moved("routes:\n  - path: /charges\n    scope_cookies: [session]\n  - path: /other\n"),
+            ["routes[0] (/charges)"]
+        );
+        // Inherited by the routes that do not override it.
+        assert_eq!(
+            moved(&format!(
+                "idempotency:\n  scope_headers: [x-api-key]\n{same}"
+            )),
+            ["idempotency", "routes[0] (/charges)", "routes[1] (/other)"]
+        );
+        assert_eq!(
+            moved(
+                "idempotency:\n  header: X-Request-Id\nroutes:\n  - path: /charges\n    \
+                 header: Idempotency-Key\n    scope_cookies: [sid]\n  - path: /other\n"
+            ),
+            ["idempotency", "routes[1] (/other)"]
+        );
+        // A route added, or removed, moves the paths it covers.
+        assert_eq!(
+            moved(&format!(
+                "{same}  - path: /new\n    key_from: [{{query: id}}]\n"
+            )),
+            ["routes[2] (/new)"]
+        );
+        assert_eq!(
+            moved("routes:\n  - path: /other\n"),
+            ["idempotency"],
+            "/charges falls back to idempotency, without the cookie"
+        );
+        // A fingerprint source is addressed by its label, whatever its window.
+        let fingerprint = |window: &str| {
+            format!("{same}  - path: /f\n    key_from: [{{fingerprint: {window}}}]\n")
+        };
+        let running = parse(&format!(
+            "upstream:\n  url: http://a\n{}",
+            fingerprint("10s")
+        ));
+        let new = parse(&format!(
+            "upstream:\n  url: http://a\n{}",
+            fingerprint("20s")
+        ));
+        assert!(moved_addresses(&running, &new).is_empty());
     }
 
     #[test]

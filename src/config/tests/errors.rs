@@ -119,6 +119,43 @@ const DURATION_KEYS: [(&str, &str); 10] = [
     ),
 ];
 
+/// A duration under 1ms would be counted as 0 ms by the store and the timers, and a
+/// lease under 100ms ends before a renewal can land: both are errors naming the key.
+/// `lease: 1ns` and `ttl: 500us` used to load.
+#[test]
+fn durations_too_small_to_work_are_refused() {
+    for (template, path) in DURATION_KEYS {
+        for value in ["500us", "999us", "999999ns", "1ns", "1us"] {
+            let message = error_at(&template.replace('V', value), path);
+            assert!(message.contains("less than 1ms"), "{message}");
+        }
+        if !path.ends_with(".lease") {
+            parse_ok(&template.replace('V', "1ms"));
+        }
+    }
+    for path in ["idempotency", "routes[0]"] {
+        let template = if path == "idempotency" {
+            "idempotency:\n  lease: V\n"
+        } else {
+            "routes:\n  - path: /a\n    lease: V\n"
+        };
+        for value in ["1ms", "50ms", "99ms", "99999us"] {
+            let message = error_at(
+                &with_minimal(&template.replace('V', value)),
+                &format!("{path}.lease"),
+            );
+            assert!(message.contains("shorter than 100ms"), "{message}");
+        }
+        let config = parse_ok(&with_minimal(&template.replace('V', "100ms")));
+        assert_eq!(policy_for(&config, "/a").lease, Duration::from_millis(100));
+    }
+    let message = error_at(
+        &with_minimal("idempotency:\n  key_from: [{fingerprint: 500us}]\n"),
+        "idempotency.key_from[0].fingerprint",
+    );
+    assert!(message.contains("less than 1ms"), "{message}");
+}
+
 /// Every size key, as [`DURATION_KEYS`].
 const SIZE_KEYS: [(&str, &str); 4] = [
     (
@@ -298,6 +335,78 @@ fn the_admin_token_is_a_visible_string_and_never_printed() {
         assert!(message.contains("must"), "{message}");
     }
     error_at(&with_minimal("admin:\n  token: [a]\n"), "admin.token");
+}
+
+/// `***`, which `--check` prints in place of a secret, is refused as one, naming the key:
+/// a server started from `--check` output used to accept `Bearer ***`.
+#[test]
+fn a_masked_secret_is_an_error_naming_its_key() {
+    let message = error_at(&with_minimal("admin:\n  token: '***'\n"), "admin.token");
+    assert!(message.contains("'***'"), "{message}");
+    let redis = |store: &str| with_minimal(&format!("store:\n  kind: redis\n{store}"));
+    for (store, path) in [
+        ("  url: redis://:***@h:1/0\n", "store.url"),
+        ("  url: rediss://admin:***@h:1/0\n", "store.url"),
+        ("  url: redis://***@h:1/0\n", "store.url"),
+        ("  url: redis://u:%2A%2a*@h:1/0\n", "store.url"),
+        (
+            "  urls: [redis://a:1, \"redis://:***@b:2\"]\n",
+            "store.urls[1]",
+        ),
+        (
+            "  sentinel:\n    master_name: m\n    urls: [\"redis://:***@s:26379\"]\n",
+            "store.sentinel.urls[0]",
+        ),
+    ] {
+        let message = error_at(&redis(store), path);
+        assert!(message.contains("'***' for its password"), "{message}");
+    }
+    // A password that merely contains the mask is a password; a URL that no store
+    // reads is not checked (keys that do not apply are allowed).
+    parse_ok(&redis("  url: redis://:a***@h:1/0\n"));
+    parse_ok(&with_minimal("store:\n  url: redis://:***@h:1/0\n"));
+    parse_ok(&with_minimal("admin:\n  token: '****'\n"));
+}
+
+/// `--check` output opens with a comment naming the secrets it masked, and loads back
+/// only once they are filled in: as it is, it is an error naming the first of them.
+#[test]
+fn check_output_with_secrets_is_refused_until_they_are_filled_in() {
+    let env = env_map(&[("TOKEN", "tok-3f9a"), ("PASSWORD", "hunter2")]);
+    let load = |text: &str| Config::from_yaml_str(&with_minimal(text), &env).unwrap();
+    let token = load("admin:\n  token: ${TOKEN}\n");
+    let yaml = token.to_yaml();
+    assert!(yaml.starts_with("# Secrets are printed as ***"), "{yaml}");
+    assert!(yaml.contains("\n#   admin.token\n"), "{yaml}");
+    let message = error_at(&yaml, "admin.token");
+    assert!(message.contains("'***'"), "{message}");
+    assert_eq!(
+        parse_ok(&yaml.replace("***", "tok-3f9a")).admin.token,
+        token.admin.token
+    );
+
+    let url = load("store:\n  kind: redis\n  url: redis://:${PASSWORD}@cache:6379/0\n");
+    let yaml = url.to_yaml();
+    assert!(yaml.contains("\n#   store.url\n"), "{yaml}");
+    assert!(
+        !yaml.contains("admin.token") && !yaml.contains("hunter2"),
+        "{yaml}"
+    );
+    error_at(&yaml, "store.url");
+    assert_eq!(parse_ok(&yaml.replace("***", "hunter2")), url);
+
+    let several = load(
+        "store:\n  kind: memory\n  urls: [redis://a:1, \"redis://:${PASSWORD}@b:2\"]\n  \
+         sentinel:\n    master_name: m\n    urls: [redis://s:1, \"redis://u:${PASSWORD}@t:2\"]\n",
+    );
+    let yaml = several.to_yaml();
+    assert!(
+        yaml.contains("#   store.urls[1]\n#   store.sentinel.urls[1]\n"),
+        "{yaml}"
+    );
+
+    // Nothing masked, no comment: the output is the configuration alone.
+    assert!(!parse_ok(MINIMAL).to_yaml().starts_with('#'));
 }
 
 #[test]

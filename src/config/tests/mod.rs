@@ -45,6 +45,40 @@ fn with_minimal(extra: &str) -> String {
     format!("{MINIMAL}{extra}")
 }
 
+/// What an operator writes over each `***` of `--check` output.
+const FILLED: &str = "filled-in";
+
+/// `--check` output with its secrets filled in.
+fn fill_in(yaml: &str) -> String {
+    yaml.replace(MASK, FILLED)
+}
+
+/// What [`fill_in`] of `config.to_yaml()` loads to: `config` with each secret `FILLED`.
+fn with_secrets_filled(config: Config) -> Config {
+    let fill =
+        |urls: &[String]| -> Vec<String> { urls.iter().map(|url| mask_url(url, FILLED)).collect() };
+    let sentinel = config
+        .store
+        .sentinel
+        .clone()
+        .map(|sentinel| SentinelConfig {
+            urls: fill(&sentinel.urls),
+            ..sentinel
+        });
+    Config {
+        store: StoreConfig {
+            urls: fill(&config.store.urls),
+            sentinel,
+            ..config.store.clone()
+        },
+        admin: AdminConfig {
+            token: config.admin.token.as_ref().map(|_| AdminToken::new(FILLED)),
+            ..config.admin.clone()
+        },
+        ..config
+    }
+}
+
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
