@@ -1,6 +1,7 @@
 //! The targets the issues set, checked against the rows of this run: issues 6 and 12 on
 //! the main pass, issue 16 on both passes. Informational: a `FAIL` is printed, and does
-//! not fail the run (only the correctness checks do).
+//! not fail the run (only the correctness checks do). A smoke run prints none of them:
+//! at its durations they mean nothing, and a passing test run must print no `FAIL`.
 
 use crate::report::{Row, base, ratio};
 use crate::{Scenario, TargetKind};
@@ -54,15 +55,10 @@ struct Goal {
 }
 
 /// The targets of issues 6 and 12, on the main pass (one set of rows per round).
-pub(crate) fn issues_6_and_12(rounds: &[Vec<Row>], smoke: bool) {
+pub(crate) fn issues_6_and_12(rounds: &[Vec<Row>]) {
     println!(
-        "\ntargets of issues 6 and 12 (ratios to the plain proxy in the same round){}{}:",
+        "\ntargets of issues 6 and 12 (ratios to the plain proxy in the same round){}:",
         of_rounds(rounds.len()),
-        if smoke {
-            "; meaningless at smoke durations"
-        } else {
-            ""
-        }
     );
     check(&ISSUES_6_AND_12, rounds);
     // Issue 11: a key read from the body costs at most 10 % of a miss's ratio.
@@ -105,15 +101,10 @@ pub(crate) fn issues_6_and_12(rounds: &[Vec<Row>], smoke: bool) {
 /// The targets of issue 16: p50 at one connection from the low-load pass, the rest from
 /// the main pass (one set of rows per round each). Either may be empty (not run): its
 /// targets print `n/a`.
-pub(crate) fn issue_16(main: &[Vec<Row>], low_load: &[Vec<Row>], smoke: bool) {
+pub(crate) fn issue_16(main: &[Vec<Row>], low_load: &[Vec<Row>]) {
     println!(
-        "\ntargets of issue 16 (p50 at one connection above the plain proxy's of the same scenario; the rest from the main pass){}{}:",
+        "\ntargets of issue 16 (p50 at one connection above the plain proxy's of the same scenario; the rest from the main pass){}:",
         of_rounds(main.len().max(low_load.len())),
-        if smoke {
-            "; meaningless at smoke durations"
-        } else {
-            ""
-        }
     );
     check(&ISSUE_16_ONE_CONNECTION, low_load);
     check(&ISSUE_16_MAIN, main);
