@@ -465,11 +465,15 @@ async fn hostile_json_bodies_get_clear_answers() {
         .await;
     assert_eq!(answer.problem(), "missing-key");
     assert_eq!(up.count(), 0);
-    // Duplicate member names: the last one counts, as in most JSON parsers, for the key
-    // and for the canonical fingerprint alike.
-    let first = post(&c, "/o", &[JSON], r#"{"id":"a","id":"b","n":1}"#).await;
+    // Duplicate member names: the last one gives the key, as in most JSON parsers, but
+    // such a body is not I-JSON, so its fingerprint is its bytes: only a byte-identical
+    // retry is the same request.
+    let twice = r#"{"id":"a","id":"b","n":1}"#;
+    let first = post(&c, "/o", &[JSON], twice).await;
     assert_eq!(first.status, 201);
-    let same = post(&c, "/o", &[JSON], r#"{"n":1,"id":"b"}"#).await;
+    let canonical = post(&c, "/o", &[JSON], r#"{"n":1,"id":"b"}"#).await;
+    assert_eq!(canonical.problem(), "key-reused", "{}", canonical.text());
+    let same = post(&c, "/o", &[JSON], twice).await;
     assert!(same.replayed(), "{}", same.text());
     assert_eq!(up.count(), 1);
 }
