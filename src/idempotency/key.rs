@@ -316,7 +316,7 @@ fn hash_cookie(hash: &mut Sha256, headers: &HeaderMap, name: &str) {
 /// `session`, `A`), a pair without `=` or with an empty name ignored, and a cookie named
 /// twice, in one header or across several, taking its first value. Reading it otherwise
 /// than the upstream does would put a request in another tenant's scope, or in none.
-pub(crate) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
     headers
         .get_all(COOKIE)
         .iter()

@@ -67,9 +67,10 @@ impl JsonPointer {
     /// removes the first two elements, not the first and the third. A pointer that
     /// addresses nothing is skipped; `""` leaves `null`.
     ///
-    /// Removing an array element shifts the ones after it, so the removals are made
-    /// from the last address to the first ([`removal_order`]): a removal moves only
-    /// what comes after it, and that is gone or in place already.
+    /// Removing an array element shifts the ones after it, so the removals go from the
+    /// last address to the first ([`removal_order`]): when an element goes, whatever
+    /// was to go after it or inside it is gone already, and nothing still to go has
+    /// moved.
     pub(crate) fn remove_all(pointers: &[JsonPointer], root: &mut Value) {
         match pointers {
             [] => {}
@@ -77,8 +78,8 @@ impl JsonPointer {
             _ => {
                 let mut order: Vec<&JsonPointer> = pointers.iter().collect();
                 order.sort_by(|a, b| removal_order(b, a));
-                // Two spellings never address one element (indices have one), so
-                // equal tokens are the only duplicates, which would remove twice.
+                // An index has one spelling, so only equal tokens address one place;
+                // removed twice, an element would take its neighbour with it.
                 order.dedup_by(|a, b| a.tokens == b.tokens);
                 for pointer in order {
                     pointer.remove_from(root);
