@@ -39,10 +39,13 @@ pub enum Outcome {
     Overloaded,
     /// Passed through (not guarded), and the upstream failed.
     PassthroughError,
+    /// Keyed by its fingerprint alone, but carrying no scope value that tells its client
+    /// apart: forwarded unguarded rather than deduplicated with other clients' requests.
+    Unscoped,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 18] = [
+    pub const ALL: [Outcome; 19] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -61,6 +64,7 @@ impl Outcome {
         Outcome::BadRequest,
         Outcome::Overloaded,
         Outcome::PassthroughError,
+        Outcome::Unscoped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +87,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::Overloaded => "overloaded",
             Outcome::PassthroughError => "passthrough_error",
+            Outcome::Unscoped => "unscoped",
         }
     }
 

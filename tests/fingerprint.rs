@@ -87,3 +87,70 @@ async fn by_default_the_query_and_the_body_bytes_count() {
     assert_eq!(spaced.problem(), "key-reused");
     assert_eq!(up.count(), 1);
 }
+
+/// `fingerprint_ignore: [/items/0, /items/1]` leaves out the first two items as the
+/// client sent them. Removed one after another, the third went instead, and a charge of
+/// 999 was answered with the stored answer to a charge of 100.
+#[tokio::test]
+async fn ignored_elements_are_the_ones_the_client_sent_at_those_places() {
+    let up = Upstream::start().await;
+    for ignore in ["[/items/0, /items/1]", "[/items/1, /items/0]"] {
+        let yaml = format!(
+            "upstream:\n  url: {{upstream}}\nidempotency:\n  fingerprint_body: json\n  \
+             fingerprint_ignore: {ignore}\n"
+        );
+        let proxy = Proxy::start(&yaml, &up).await;
+        let c = proxy.client();
+        let before = up.count();
+        let first = c
+            .post(
+                "/charges",
+                "k",
+                r#"{"items":[{"sent_at":1},{"trace":"a"},{"amount":100}]}"#,
+            )
+            .await;
+        assert_eq!(first.status, 201);
+        let other = c
+            .post(
+                "/charges",
+                "k",
+                r#"{"items":[{"sent_at":1},{"trace":"a"},{"amount":999}]}"#,
+            )
+            .await;
+        assert_eq!(other.problem(), "key-reused", "{ignore}: {}", other.text());
+        let retry = c
+            .post(
+                "/charges",
+                "k",
+                r#"{"items":[{"sent_at":2},{"trace":"b"},{"amount":100}]}"#,
+            )
+            .await;
+        assert!(retry.replayed(), "{ignore}");
+        assert_eq!(retry.body, first.body);
+        assert_eq!(up.count(), before + 1, "{ignore}");
+    }
+}
+
+/// A body that names a member twice is not I-JSON: parsers disagree on which value
+/// counts, so under `fingerprint_body: json` it is compared as bytes.
+#[tokio::test]
+async fn a_member_named_twice_is_not_the_canonical_body_it_might_mean() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(
+        "upstream:\n  url: {upstream}\nidempotency:\n  fingerprint_body: json\n",
+        &up,
+    )
+    .await;
+    let c = proxy.client();
+    assert_eq!(c.post("/charges", "k", r#"{"amount":2}"#).await.status, 201);
+    let twice = c.post("/charges", "k", r#"{"amount":1,"amount":2}"#).await;
+    assert_eq!(twice.problem(), "key-reused");
+    assert_eq!(
+        c.post("/charges", "j", r#"{"a":1,"a":2}"#).await.status,
+        201
+    );
+    let spaced = c.post("/charges", "j", r#"{ "a":1, "a":2 }"#).await;
+    assert_eq!(spaced.problem(), "key-reused", "compared as bytes");
+    assert!(c.post("/charges", "j", r#"{"a":1,"a":2}"#).await.replayed());
+    assert_eq!(up.count(), 2);
+}

@@ -4,10 +4,14 @@
 
 mod support;
 
+use http::StatusCode;
+use idemgate::metrics::Outcome;
 use support::redis::RedisServer;
 use support::{Proxy, Resp, TestClient, Upstream};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
+/// A client's credential: without one, a fingerprint key is not used.
+const ME: (&str, &str) = ("authorization", "Bearer me");
 
 /// Every kind of source, in the order of SPEC §9's example.
 const ALL_SOURCES: &str = "upstream:\n  url: {upstream}\nidempotency:\n  key_from:\n\
@@ -277,14 +281,14 @@ async fn the_fingerprint_is_the_key_of_last_resort() {
                 key_from: [{header: Idempotency-Key}, {fingerprint: 2m}]\n";
     let proxy = Proxy::start(yaml, &up).await;
     let c = proxy.client();
-    let first = post(&c, "/pay", &[JSON], r#"{"amount":5,"sent_at":1}"#).await;
+    let first = post(&c, "/pay", &[JSON, ME], r#"{"amount":5,"sent_at":1}"#).await;
     assert_eq!(
         first.status,
         201,
         "required never applies: {}",
         first.text()
     );
-    let retry = post(&c, "/pay", &[JSON], r#"{ "sent_at": 2, "amount": 5 }"#).await;
+    let retry = post(&c, "/pay", &[JSON, ME], r#"{ "sent_at": 2, "amount": 5 }"#).await;
     assert!(
         retry.replayed(),
         "the same request under the fingerprint rules"
@@ -292,8 +296,8 @@ async fn the_fingerprint_is_the_key_of_last_resort() {
     assert_eq!(retry.body, first.body);
     assert_eq!(up.count(), 1);
     for (path, headers, body) in [
-        ("/pay", vec![JSON], r#"{"amount":6}"#),
-        ("/pay?x=1", vec![JSON], r#"{"amount":5}"#),
+        ("/pay", vec![JSON, ME], r#"{"amount":6}"#),
+        ("/pay?x=1", vec![JSON, ME], r#"{"amount":5}"#),
         (
             "/pay",
             vec![JSON, ("authorization", "Bearer other")],
@@ -308,12 +312,88 @@ async fn the_fingerprint_is_the_key_of_last_resort() {
     let keyed = post(
         &c,
         "/pay",
-        &[("idempotency-key", "k"), JSON],
+        &[("idempotency-key", "k"), JSON, ME],
         r#"{"amount":5}"#,
     )
     .await;
     assert!(!keyed.replayed());
     assert_eq!(up.count(), 5);
+}
+
+/// Tenants who authenticate with `X-Api-Key`, a header the scope does not list, all
+/// look anonymous to the guard: keyed by the fingerprint alone, tenant B's identical
+/// request would be answered with tenant A's stored response. Without a scope value
+/// the request is forwarded as a keyless one (even under `required: true`, which never
+/// applies to a fingerprint source) and counted `unscoped`.
+#[tokio::test]
+async fn a_fingerprint_key_needs_a_scope_value_to_tell_clients_apart() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  required: true\n  \
+                key_from: [{fingerprint: 2m}]\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let order = r#"{"amount":100,"to":"acct-1"}"#;
+    let a = post(&c, "/transfers", &[JSON, ("x-api-key", "tenant-a")], order).await;
+    let b = post(&c, "/transfers", &[JSON, ("x-api-key", "tenant-b")], order).await;
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!b.replayed(), "tenant B never gets tenant A's answer");
+    assert_ne!(a.body, b.body);
+    assert_eq!(up.count(), 2, "both reached the upstream");
+    let metrics = &proxy.state.metrics;
+    assert_eq!(metrics.requests(Outcome::Unscoped), 2);
+    assert_eq!(metrics.requests(Outcome::Replayed), 0);
+    assert!(
+        proxy
+            .state
+            .metrics
+            .render()
+            .contains("idemgate_requests_total{outcome=\"unscoped\"} 2"),
+    );
+    // Forwarded as it came, body included.
+    assert_eq!(up.seen()[1].body, order);
+    assert_eq!(up.seen()[1].headers["x-api-key"], "tenant-b");
+}
+
+/// Listing the header (or cookie) that identifies a client gives each client a scope of
+/// its own; a malformed cookie pair next to it changes nothing, and a request with
+/// none of them is still not deduplicated.
+#[tokio::test]
+async fn a_listed_identity_deduplicates_within_each_client() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  \
+                scope_headers: [x-api-key]\n  scope_cookies: [session]\n  \
+                key_from: [{fingerprint: 2m}]\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let order = r#"{"amount":100}"#;
+    let as_a = [JSON, ("x-api-key", "tenant-a"), ("cookie", "junk")];
+    let a = post(&c, "/transfers", &as_a, order).await;
+    let a_again = post(&c, "/transfers", &[JSON, ("x-api-key", "tenant-a")], order).await;
+    assert!(a_again.replayed(), "{}", a_again.text());
+    assert_eq!(a_again.body, a.body);
+    let b = post(&c, "/transfers", &[JSON, ("x-api-key", "tenant-b")], order).await;
+    assert!(!b.replayed());
+    // A tenant known by its session cookie, however it spaces the pair.
+    let s = post(&c, "/transfers", &[JSON, ("cookie", "session=s1")], order).await;
+    let s_again = post(
+        &c,
+        "/transfers",
+        &[JSON, ("cookie", "x=1; session = s1")],
+        order,
+    )
+    .await;
+    assert!(!s.replayed() && s_again.replayed());
+    assert_eq!(up.count(), 3);
+    // Nothing that tells the client apart: forwarded each time.
+    for _ in 0..2 {
+        let anonymous = post(&c, "/transfers", &[JSON, ("cookie", "session")], order).await;
+        assert!(!anonymous.replayed());
+    }
+    assert_eq!(up.count(), 5);
+    assert_eq!(proxy.state.metrics.requests(Outcome::Unscoped), 2);
 }
 
 /// The record of a fingerprint key is kept for the window, not `ttl`: read off the
@@ -329,9 +409,9 @@ async fn a_fingerprint_record_lives_for_its_window() {
     );
     let proxy = Proxy::redis(&yaml, &up).await;
     let c = proxy.client();
-    assert_eq!(post(&c, "/pay", &[JSON], "{}").await.status, 201);
+    assert_eq!(post(&c, "/pay", &[JSON, ME], "{}").await.status, 201);
     assert_eq!(
-        post(&c, "/pay", &[("idempotency-key", "k"), JSON], "{}")
+        post(&c, "/pay", &[("idempotency-key", "k"), JSON, ME], "{}")
             .await
             .status,
         201
@@ -385,11 +465,15 @@ async fn hostile_json_bodies_get_clear_answers() {
         .await;
     assert_eq!(answer.problem(), "missing-key");
     assert_eq!(up.count(), 0);
-    // Duplicate member names: the last one counts, as in most JSON parsers, for the key
-    // and for the canonical fingerprint alike.
-    let first = post(&c, "/o", &[JSON], r#"{"id":"a","id":"b","n":1}"#).await;
+    // Duplicate member names: the last one gives the key, as in most JSON parsers, but
+    // such a body is not I-JSON, so its fingerprint is its bytes: only a byte-identical
+    // retry is the same request.
+    let twice = r#"{"id":"a","id":"b","n":1}"#;
+    let first = post(&c, "/o", &[JSON], twice).await;
     assert_eq!(first.status, 201);
-    let same = post(&c, "/o", &[JSON], r#"{"n":1,"id":"b"}"#).await;
+    let canonical = post(&c, "/o", &[JSON], r#"{"n":1,"id":"b"}"#).await;
+    assert_eq!(canonical.problem(), "key-reused", "{}", canonical.text());
+    let same = post(&c, "/o", &[JSON], twice).await;
     assert!(same.replayed(), "{}", same.text());
     assert_eq!(up.count(), 1);
 }

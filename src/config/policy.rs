@@ -285,11 +285,20 @@ impl Policy {
         source: &KeySource,
         key: &IdempotencyKey,
     ) -> ScopedKey {
-        let scope = Scope {
+        ScopedKey::scoped_in_parts(headers, self.scope(), source.label_parts(), key)
+    }
+
+    /// Whether a request with `headers` carries a scope value that tells its client
+    /// apart ([`Scope::identifies`]); without one, a `fingerprint` key is not used.
+    pub fn identifies(&self, headers: &HeaderMap) -> bool {
+        self.scope().identifies(headers)
+    }
+
+    fn scope(&self) -> Scope<'_> {
+        Scope {
             headers: &self.scope_headers,
             cookies: &self.scope_cookies,
-        };
-        ScopedKey::scoped_in_parts(headers, scope, source.label_parts(), key)
+        }
     }
 
     /// Whether every request gets the same record address under `self` as under

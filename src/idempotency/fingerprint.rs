@@ -18,7 +18,8 @@ pub struct Fingerprint([u8; 32]);
 pub enum BodyForm {
     /// The bytes as sent.
     Raw,
-    /// The RFC 8785 canonical form when the body parses as JSON, else the bytes.
+    /// The RFC 8785 canonical form when the body is I-JSON (RFC 7493: it parses, and
+    /// no object in it names a member twice), else the bytes.
     Json,
 }
 
@@ -85,7 +86,7 @@ impl Fingerprint {
         // the two kinds of body bytes cannot be mistaken for each other.
         let bytes = body.bytes();
         match rules.body {
-            BodyForm::Json => match canonical_json(body.into_json(), rules.ignore) {
+            BodyForm::Json => match canonical_json(body.into_i_json(), rules.ignore) {
                 Some(canonical) => hash_field(&mut hash, &canonical),
                 None => hash_field(&mut hash, bytes),
             },
@@ -114,8 +115,9 @@ impl std::fmt::Debug for Fingerprint {
 /// so only integers, which serde_json keeps exact, may reach it.
 const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
 
-/// The RFC 8785 form of a body's JSON `value` with the `ignore` pointers removed, or `None` when the
-/// body is not JSON or holds a number that canonical form would round.
+/// The RFC 8785 form of a body's JSON `value` with the `ignore` pointers removed, or
+/// `None` when the body is not I-JSON (it does not parse, or names a member twice: no
+/// one canonical form then) or holds a number that canonical form would round.
 ///
 /// JCS writes every number as an IEEE double, so the IDs `9007199254740993` and
 /// `9007199254740992` would become one request; a body with a number beyond ±2^53
@@ -123,9 +125,7 @@ const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0;
 /// have been rounded) is hashed raw instead: never the same request by mistake.
 fn canonical_json(value: Option<Value>, ignore: &[JsonPointer]) -> Option<Vec<u8>> {
     let mut value = value?;
-    for pointer in ignore {
-        pointer.remove_from(&mut value);
-    }
+    JsonPointer::remove_all(ignore, &mut value);
     if !numbers_are_exact(&value) {
         return None;
     }
@@ -369,6 +369,56 @@ mod tests {
         assert_eq!(json_fp(b"[1]", &all), json_fp(br#"{"a":2}"#, &all));
     }
 
+    /// `[/items/0, /items/1]` leaves out the first two elements as the client sent
+    /// them, whatever the order of the list: a body that differs in the third is
+    /// another request (removed one after another, the third went instead, and an
+    /// amount of 999 was answered with the record of an amount of 100).
+    #[test]
+    fn ignored_pointers_address_the_body_as_sent() {
+        let first = br#"{"items":[{"ts":1},{"trace":"a"},{"amount":100}]}"#;
+        let retry = br#"{"items":[{"ts":2},{"trace":"b"},{"amount":100}]}"#;
+        let other = br#"{"items":[{"ts":1},{"trace":"a"},{"amount":999}]}"#;
+        for ignore in [
+            pointers(&["/items/0", "/items/1"]),
+            pointers(&["/items/1", "/items/0"]),
+            pointers(&["/items/1", "/items/0/ts", "/items/0"]),
+        ] {
+            assert_ne!(
+                json_fp(first, &ignore),
+                json_fp(other, &ignore),
+                "{ignore:?}"
+            );
+            assert_eq!(
+                json_fp(first, &ignore),
+                json_fp(retry, &ignore),
+                "{ignore:?}"
+            );
+            assert_eq!(
+                json_fp(first, &ignore),
+                json_fp(br#"{"items":[{"amount":100}]}"#, &[]),
+                "{ignore:?}"
+            );
+        }
+    }
+
+    /// Parsers disagree on which value of a member named twice counts, so such a body
+    /// has no canonical form: it is hashed as its bytes.
+    #[test]
+    fn a_member_named_twice_keeps_the_body_raw() {
+        let twice = br#"{"a":1,"a":2}"#;
+        assert_ne!(json_fp(twice, &[]), json_fp(br#"{"a":2}"#, &[]));
+        assert_ne!(json_fp(twice, &[]), json_fp(br#"{"a":1}"#, &[]));
+        assert_ne!(json_fp(twice, &[]), json_fp(br#"{"a":2,"a":1}"#, &[]));
+        let raw = FingerprintRules::raw(&[]);
+        let as_bytes = Fingerprint::new(&Method::POST, "/charges", &HeaderMap::new(), &raw, twice);
+        assert_eq!(json_fp(twice, &[]), as_bytes);
+        // Ignoring the repeated member does not make the body canonical either.
+        let ignore = pointers(&["/a"]);
+        assert_eq!(json_fp(twice, &ignore), as_bytes);
+        let nested = br#"{"x":[{"b":1,"b":1}]}"#;
+        assert_ne!(json_fp(nested, &[]), json_fp(br#"{"x":[{"b":1}]}"#, &[]));
+    }
+
     /// JSON values without numbers beyond 2^53, whose canonical form is defined.
     fn json_value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
@@ -438,6 +488,22 @@ mod tests {
             let compact = serde_json::to_vec(&value).expect("json");
             let other = write_shuffled(&value, &mut || flips.next().unwrap_or(false), &space);
             prop_assert_eq!(json_fp(&compact, &[]), json_fp(other.as_bytes(), &[]));
+        }
+
+        /// The order of `fingerprint_ignore` never matters.
+        #[test]
+        fn the_order_of_ignored_pointers_does_not_count(
+            value in json_value(),
+            texts in prop::collection::vec("(/(0|1|2|a|b)){1,3}", 1..5),
+            rotate in any::<prop::sample::Index>(),
+        ) {
+            let body = serde_json::to_vec(&value).expect("json");
+            let ignore = pointers(&texts.iter().map(String::as_str).collect::<Vec<_>>());
+            let mut reordered = ignore.clone();
+            reordered.reverse();
+            let by = rotate.index(reordered.len());
+            reordered.rotate_left(by);
+            prop_assert_eq!(json_fp(&body, &ignore), json_fp(&body, &reordered));
         }
 
         #[test]

@@ -132,6 +132,24 @@ pub struct Scope<'a> {
     pub cookies: &'a [String],
 }
 
+impl Scope<'_> {
+    /// Whether `headers` carry a value of the scope that can tell one client from
+    /// another: a listed header or cookie, not empty. A request that carries none shares
+    /// the anonymous scope with every other such request, where a `fingerprint` key
+    /// source must not deduplicate: two tenants' identical requests would be one.
+    pub fn identifies(&self, headers: &HeaderMap) -> bool {
+        self.headers.iter().any(|name| {
+            headers
+                .get_all(name)
+                .iter()
+                .any(|value| !value.as_bytes().is_empty())
+        }) || self
+            .cookies
+            .iter()
+            .any(|name| cookie(headers, name).is_some_and(|value| !value.is_empty()))
+    }
+}
+
 /// The label of the SPEC §3 source, the `Idempotency-Key` header. Its records keep the
 /// address they had before key sources existed, so that an upgrade in the middle of a
 /// key's life does not execute its retry again; every other source enters the hash.
@@ -281,22 +299,44 @@ fn hash_authorization(hash: &mut Sha256, headers: &HeaderMap) {
     }
 }
 
-/// All values of one cookie, across every `Cookie` header, counted, in order.
+/// The cookie `name` as servers read it: hashed as a count (0 or 1) and its value, the
+/// bytes a cookie sent once always had.
 fn hash_cookie(hash: &mut Sha256, headers: &HeaderMap, name: &str) {
-    let values: Vec<&[u8]> = headers
+    match cookie(headers, name) {
+        Some(value) => {
+            hash.update(1u64.to_be_bytes());
+            hash_field(hash, value);
+        }
+        None => hash.update(0u64.to_be_bytes()),
+    }
+}
+
+/// The value of the cookie `name` as servers parse `Cookie` headers: pairs split at `;`,
+/// each at its first `=`, name and value trimmed of spaces and tabs (`session =A` is
+/// `session`, `A`), a pair without `=` or with an empty name ignored, and a cookie named
+/// twice, in one header or across several, taking its first value. Reading it otherwise
+/// than the upstream does would put a request in another tenant's scope, or in none.
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
+    headers
         .get_all(COOKIE)
         .iter()
         .flat_map(|line| line.as_bytes().split(|b| *b == b';'))
-        .filter_map(|pair| {
-            let pair = pair.trim_ascii();
+        .find_map(|pair| {
             let eq = pair.iter().position(|b| *b == b'=')?;
-            (&pair[..eq] == name.as_bytes()).then_some(&pair[eq + 1..])
+            let (found, value) = (trim(&pair[..eq]), trim(&pair[eq + 1..]));
+            (!found.is_empty() && found == name.as_bytes()).then_some(value)
         })
-        .collect();
-    hash.update((values.len() as u64).to_be_bytes());
-    for value in values {
-        hash_field(hash, value);
+}
+
+/// Trims the spaces and tabs around a cookie's name or value.
+fn trim(mut bytes: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = bytes {
+        bytes = rest;
     }
+    while let [rest @ .., b' ' | b'\t'] = bytes {
+        bytes = rest;
+    }
+    bytes
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -372,6 +412,91 @@ mod tests {
             ScopedKey::scoped(&plain, no_cookies, DEFAULT_SOURCE, &k),
             ScopedKey::new(&plain, &[AUTHORIZATION], &k)
         );
+    }
+
+    /// `session =A` is the cookie `session` with the value `A` to the servers behind
+    /// the proxy, so it is to the scope too: read any other way, a request lands in
+    /// another scope than its tenant's, or in the anonymous one.
+    #[test]
+    fn cookies_are_read_as_servers_read_them() {
+        let names = ["session".to_owned()];
+        let scope = Scope {
+            headers: &[AUTHORIZATION],
+            cookies: &names,
+        };
+        let k = key("k1");
+        let at = |pairs: &[(&'static str, &'static str)]| {
+            ScopedKey::scoped(&headers(pairs), scope, DEFAULT_SOURCE, &k)
+        };
+        let a = at(&[("cookie", "session=A")]);
+        for same in [
+            "session =A",
+            "session= A",
+            " \tsession\t=\tA\t ",
+            "theme=dark;session=A",
+            // The first value counts, as servers take it.
+            "session=A; session=B",
+            // Pairs without `=` or without a name are skipped.
+            "junk; session=A",
+            "=B; session=A",
+            "  ; session=A;;",
+        ] {
+            assert_eq!(at(&[("cookie", same)]), a, "{same}");
+        }
+        assert_eq!(at(&[("cookie", "x"), ("cookie", "session=A")]), a);
+        assert_eq!(at(&[("cookie", "session=A"), ("cookie", "session=B")]), a);
+        assert_ne!(at(&[("cookie", "session=B; session=A")]), a);
+        assert_ne!(
+            at(&[("cookie", "session=\"A\"")]),
+            a,
+            "quotes are the value's"
+        );
+        // Absent, malformed and empty differ from any value.
+        let none = at(&[]);
+        assert_eq!(at(&[("cookie", "session; =A; sessions=A")]), none);
+        assert_ne!(at(&[("cookie", "session=")]), none);
+        assert_ne!(at(&[("cookie", "session=")]), a);
+        // A cookie sent once keeps the address it always had: its count, then its value.
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-scope-v1");
+        hash.update(0u64.to_be_bytes());
+        hash.update(b"cookies");
+        hash.update(1u64.to_be_bytes());
+        hash_field(&mut hash, b"A");
+        hash_field(&mut hash, b"k1");
+        assert_eq!(a, ScopedKey(hash.finalize().into()));
+    }
+
+    #[test]
+    fn a_scope_identifies_a_request_by_any_value_it_carries() {
+        let names = ["session".to_owned()];
+        let tenant = [HeaderName::from_static("x-api-key")];
+        let scope = Scope {
+            headers: &tenant,
+            cookies: &names,
+        };
+        let identifies = |pairs: &[(&'static str, &'static str)]| scope.identifies(&headers(pairs));
+        assert!(identifies(&[("x-api-key", "a")]));
+        assert!(identifies(&[("cookie", "session=s")]));
+        assert!(identifies(&[("cookie", "session = s")]));
+        // A malformed pair beside another scope value does not make the request anonymous.
+        assert!(identifies(&[("cookie", "session"), ("x-api-key", "a")]));
+        assert!(identifies(&[("cookie", "=x; session=s")]));
+        for anonymous in [
+            &[][..],
+            &[("authorization", "Bearer t"), ("cookie", "other=1")],
+            &[("cookie", "session; =s; sessionx=s")],
+            &[("x-api-key", "")],
+            &[("cookie", "session=")],
+            &[("cookie", "session= \t")],
+        ] {
+            assert!(!identifies(anonymous), "{anonymous:?}");
+        }
+        let nothing = Scope {
+            headers: &[],
+            cookies: &[],
+        };
+        assert!(!nothing.identifies(&headers(&[("authorization", "Bearer t")])));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! RFC 6901 JSON Pointers: the parts of a JSON body that a key source reads (SPEC §9)
 //! and that a fingerprint leaves out (SPEC §10).
 
+use std::cmp::Ordering;
+
 use serde_json::Value;
 
 /// An RFC 6901 JSON Pointer (`/amount`, `/items/0/id`, `/a~1b` for the member `a/b`),
@@ -60,9 +62,35 @@ impl JsonPointer {
             })
     }
 
+    /// Removes from `root` every member or array element that one of `pointers`
+    /// addresses in `root` as given, whatever their order: `[/items/0, /items/1]`
+    /// removes the first two elements, not the first and the third. A pointer that
+    /// addresses nothing is skipped; `""` leaves `null`.
+    ///
+    /// Removing an array element shifts the ones after it, so the removals go from the
+    /// last address to the first ([`removal_order`]): when an element goes, whatever
+    /// was to go after it or inside it is gone already, and nothing still to go has
+    /// moved.
+    pub(crate) fn remove_all(pointers: &[JsonPointer], root: &mut Value) {
+        match pointers {
+            [] => {}
+            [one] => one.remove_from(root),
+            _ => {
+                let mut order: Vec<&JsonPointer> = pointers.iter().collect();
+                order.sort_by(|a, b| removal_order(b, a));
+                // An index has one spelling, so only equal tokens address one place;
+                // removed twice, an element would take its neighbour with it.
+                order.dedup_by(|a, b| a.tokens == b.tokens);
+                for pointer in order {
+                    pointer.remove_from(root);
+                }
+            }
+        }
+    }
+
     /// Removes the member or array element the pointer addresses, if there is one;
     /// `""` addresses the whole body, which then counts as `null`.
-    pub(crate) fn remove_from(&self, root: &mut Value) {
+    fn remove_from(&self, root: &mut Value) {
         let Some((last, parents)) = self.tokens.split_last() else {
             *root = Value::Null;
             return;
@@ -89,6 +117,22 @@ impl JsonPointer {
             _ => {}
         }
     }
+}
+
+/// Document order of two pointers' addresses, array indices compared as numbers (`/2`
+/// before `/10`) and an address before those inside it (`/a` before `/a/0`). Removed in
+/// the reverse of this order, an element goes after every element that follows it and
+/// after everything inside it, so each removal finds its address as the body had it.
+fn removal_order(a: &JsonPointer, b: &JsonPointer) -> Ordering {
+    /// Only an array's elements shift; an object's members may go in any order, so
+    /// a token read as an index there orders them no worse than its name would.
+    fn step(token: &str) -> (Option<usize>, &str) {
+        (array_index(token), token)
+    }
+    a.tokens
+        .iter()
+        .map(|token| step(token))
+        .cmp(b.tokens.iter().map(|token| step(token)))
 }
 
 /// `~1` is `/` and `~0` is `~`; any other `~` is an error.
@@ -173,6 +217,43 @@ mod tests {
         }
     }
 
+    fn pointers(texts: &[&str]) -> Vec<JsonPointer> {
+        texts
+            .iter()
+            .map(|text| JsonPointer::parse(text).expect("pointer"))
+            .collect()
+    }
+
+    fn without(body: &Value, texts: &[&str]) -> Value {
+        let mut body = body.clone();
+        JsonPointer::remove_all(&pointers(texts), &mut body);
+        body
+    }
+
+    #[test]
+    fn every_pointer_addresses_the_body_as_sent() {
+        let body = json!({"items": [{"a": 0}, {"a": 1}, {"a": 2}, {"a": 3}], "n": 1});
+        let two_left = json!({"items": [{"a": 2}, {"a": 3}], "n": 1});
+        assert_eq!(without(&body, &["/items/0", "/items/1"]), two_left);
+        assert_eq!(without(&body, &["/items/1", "/items/0"]), two_left);
+        assert_eq!(
+            without(&body, &["/items/0", "/items/2/a", "/items/1", "/n"]),
+            json!({"items": [{}, {"a": 3}]})
+        );
+        // Inside a removed element, or the same element twice: removed once.
+        assert_eq!(
+            without(&body, &["/items/0/a", "/items/0", "/items/0"]),
+            json!({"items": [{"a": 1}, {"a": 2}, {"a": 3}], "n": 1})
+        );
+        // Indices compare as numbers; one past the end stays nothing.
+        let long = json!((0..12).collect::<Vec<_>>());
+        assert_eq!(
+            without(&long, &["/2", "/10", "/12", "/-"]),
+            json!([0, 1, 3, 4, 5, 6, 7, 8, 9, 11])
+        );
+        assert_eq!(without(&body, &["/items/0", ""]), Value::Null);
+    }
+
     fn json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
@@ -189,6 +270,67 @@ mod tests {
         })
     }
 
+    /// Every pointer that addresses something in `value`, below `at`, `""` aside.
+    fn addresses_in(value: &Value, at: &str, out: &mut Vec<String>) {
+        let children: Vec<(String, &Value)> = match value {
+            Value::Object(members) => members
+                .iter()
+                .map(|(name, child)| (name.replace('~', "~0").replace('/', "~1"), child))
+                .collect(),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, child)| (i.to_string(), child))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (token, child) in children {
+            let pointer = format!("{at}/{token}");
+            addresses_in(child, &pointer, out);
+            out.push(pointer);
+        }
+    }
+
+    /// `value` built again without what `paths` address in it: the removal the
+    /// pointers mean, with nothing shifting while it is made.
+    fn rebuilt_without(value: &Value, paths: &[&[String]]) -> Value {
+        if paths.iter().any(|path| path.is_empty()) {
+            return Value::Null;
+        }
+        // The paths that go on inside the child named `token`, or `None` when one of
+        // them ends there, removing it.
+        let inside = |token: &str| -> Option<Vec<&[String]>> {
+            let mut rest = Vec::new();
+            for path in paths.iter().filter(|path| path[0] == token) {
+                if path.len() == 1 {
+                    return None;
+                }
+                rest.push(&path[1..]);
+            }
+            Some(rest)
+        };
+        match value {
+            Value::Object(members) => Value::Object(
+                members
+                    .iter()
+                    .filter_map(|(name, child)| {
+                        inside(name).map(|rest| (name.clone(), rebuilt_without(child, &rest)))
+                    })
+                    .collect(),
+            ),
+            Value::Array(items) => Value::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, child)| {
+                        inside(&i.to_string()).map(|rest| rebuilt_without(child, &rest))
+                    })
+                    .collect(),
+            ),
+            leaf => leaf.clone(),
+        }
+    }
+
     proptest! {
         /// Any text is a pointer or a clear error, and a pointer prints as written.
         #[test]
@@ -196,6 +338,33 @@ mod tests {
             if let Ok(pointer) = JsonPointer::parse(&text) {
                 prop_assert_eq!(pointer.as_str(), text.as_str());
             }
+        }
+
+        /// Removing several pointers removes what each addresses in the body as it
+        /// was, in any order: the same as a body rebuilt without those addresses.
+        #[test]
+        fn removing_many_is_removing_what_each_addresses(
+            value in json(),
+            picks in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            rotate in any::<prop::sample::Index>(),
+        ) {
+            // Mostly addresses the body has, with some it has not.
+            let mut addresses = vec!["/9".to_owned(), "/a/9".to_owned()];
+            addresses_in(&value, "", &mut addresses);
+            let texts: Vec<&str> = picks.iter().map(|pick| pick.get(&addresses).as_str()).collect();
+            let list = pointers(&texts);
+            let paths: Vec<&[String]> = list.iter().map(|p| &p.tokens[..]).collect();
+            let expected = rebuilt_without(&value, &paths);
+            let mut removed = value.clone();
+            JsonPointer::remove_all(&list, &mut removed);
+            prop_assert_eq!(&removed, &expected, "{:?}", texts);
+            let mut reordered = list.clone();
+            reordered.reverse();
+            let by = rotate.index(reordered.len().max(1));
+            reordered.rotate_left(by);
+            let mut removed = value;
+            JsonPointer::remove_all(&reordered, &mut removed);
+            prop_assert_eq!(removed, expected);
         }
 
         /// Resolving and removing never panic; after a removal the pointer resolves to

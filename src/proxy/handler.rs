@@ -125,6 +125,18 @@ async fn route<S: Store, B: RequestBody>(
     };
     let req = match found {
         Found::Key(source, key) => guard(policy, read, body, peer, source, Some(key)),
+        // No identity to scope it by: one anonymous scope would make two clients'
+        // identical requests one. Forwarded as keyless, whatever `required` says, since
+        // it never applies to a fingerprint source.
+        Found::Fingerprint(_) if !policy.identifies(&read.parts.headers) => {
+            drop(body);
+            let (req, _held) = read.into_request();
+            let mut next = pass_through(state, live, req, peer).await?;
+            if let Next::Answer(reply) = &mut next {
+                reply.outcome = Outcome::Unscoped;
+            }
+            return Ok(next);
+        }
         Found::Fingerprint(source) => guard(policy, read, body, peer, source, None),
         Found::Absent | Found::NeedsBody => {
             drop(body);
