@@ -173,11 +173,9 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(Shutdown::Drained) => ExitCode::SUCCESS,
         Ok(Shutdown::TimedOut) => ExitCode::FAILURE,
-        // Logging is set up by now: the error goes out in the configured format.
-        Err(err) => {
-            tracing::error!(error = %err, "idemgate cannot start");
-            ExitCode::FAILURE
-        }
+        // A port in use, a locked store: one plain line, like a configuration error,
+        // whatever the log format (a person reads it, not a log pipeline).
+        Err(err) => fail(&err),
     }
 }
 

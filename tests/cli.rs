@@ -440,3 +440,29 @@ async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
     proxy.terminate().await;
     assert!(proxy.wait_exit().await.success(), "{}", proxy.stderr());
 }
+
+#[tokio::test]
+async fn a_port_in_use_is_one_plain_line_in_either_log_format() {
+    // Held by this test for as long as the binary tries it.
+    let held = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = held.local_addr().expect("addr");
+    for format in ["text", "json"] {
+        let file = TempConfig::new(&format!(
+            "{MINIMAL}listen: {addr}\nadmin:\n  listen: null\nlog:\n  format: {format}\n"
+        ));
+        let out = run(idemgate().arg("--config").arg(file.path())).await;
+        assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{format}: {}", out.stderr);
+        assert!(
+            lines[0].starts_with("idemgate: "),
+            "{format}: {}",
+            out.stderr
+        );
+        assert!(
+            lines[0].contains(&addr.to_string()),
+            "names the address: {}",
+            out.stderr
+        );
+    }
+}
