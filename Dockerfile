@@ -1,5 +1,5 @@
 # The image of docker-compose.yml and of deploy/kubernetes/: a Rust toolchain compiles,
-# a slim Debian of the same release runs. tests/docker_build.rs lays out exactly what
+# a slim Debian of the same release runs. tests/it/docker_build.rs lays out exactly what
 # the COPY lines below name (after .dockerignore) and runs the build command there, so a
 # file the build needs and this file forgets fails CI; it also lints this file.
 FROM rust:1.95-slim-bookworm AS build

@@ -157,7 +157,7 @@ async fn run(listen: SocketAddr) -> std::io::Result<()> {
 }
 
 /// Serves the charges API on `listener` until `shutdown` resolves. Also used in-process
-/// by the demo story test (tests/demo.rs includes this file as a module).
+/// by the demo story test (tests/it/demo.rs includes this file as a module).
 #[allow(
     clippy::print_stderr,
     reason = "the stop lines are part of the example's interface"

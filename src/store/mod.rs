@@ -1,6 +1,6 @@
 //! Where records live. The [`Store`] trait is the contract every backend fulfils; the
 //! proxy only ever talks to it. The contract is checked by one test suite run against
-//! every implementation (`tests/store_contract.rs`).
+//! every implementation (`tests/it/store_contract.rs`).
 
 use std::future::Future;
 use std::sync::Arc;

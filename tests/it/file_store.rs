@@ -1,0 +1,253 @@
+//! `store.kind: file` from the outside (SPEC §12): keys that survive a restart of the
+//! binary, readiness and metrics, and every refusal: exit 1, an error naming the path,
+//! the data left as it was.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+
+use support::bin::{Finished, Running, TempConfig, free_port, idemgate, run};
+use support::{TestClient, Upstream};
+
+/// A config on the file store in `dir`; `extra` is appended (more top-level keys).
+fn yaml(upstream: &str, dir: &Path, extra: &str) -> String {
+    format!(
+        "upstream:\n  url: {upstream}\nstore:\n  kind: file\n  path: {}\nadmin:\n  listen: null\n{extra}",
+        dir.display()
+    )
+}
+
+fn store_dir(tmp: &tempfile::TempDir) -> PathBuf {
+    tmp.path().join("keys")
+}
+
+/// Starts the binary on `file` and expects it to refuse: exit 1, and an error naming `dir`.
+async fn refused(file: &TempConfig, dir: &Path) -> Finished {
+    let out = run(idemgate()
+        .arg("--config")
+        .arg(file.path())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port())))
+    .await;
+    assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
+    assert!(
+        out.stderr.contains(&dir.display().to_string()),
+        "the error names {}: {}",
+        dir.display(),
+        out.stderr
+    );
+    out
+}
+
+fn db_bytes(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join(idemgate::store::file::DB_FILE)).expect("read the database file")
+}
+
+#[tokio::test]
+async fn a_completed_key_replays_after_a_restart_and_readyz_and_metrics_report_the_store() {
+    let up = Upstream::start().await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    let admin = free_port();
+    let file = TempConfig::new(&yaml(&up.url(), &dir, "").replace(
+        "admin:\n  listen: null\n",
+        &format!("admin:\n  listen: 127.0.0.1:{admin}\n"),
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+
+    let mut first = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(first.addr);
+    let created = c.post("/charges", "k1", "{}").await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    let admin_client = TestClient::new(([127, 0, 0, 1], admin).into());
+    let ready = admin_client.send("GET", "/readyz", &[], "").await;
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    let metrics = admin_client.send("GET", "/metrics", &[], "").await.text();
+    for line in [
+        "idemgate_store_entries 1",
+        "idemgate_store_flush_seconds_count ",
+        "idemgate_store_flushes_total ",
+        "idemgate_store_disk_bytes ",
+        "idemgate_store_evictions_total 0",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in:\n{metrics}");
+    }
+    first.terminate().await;
+    assert!(first.wait_exit().await.success());
+
+    let second = Running::start(&["--config", &path]).await;
+    let replay = TestClient::new(second.addr)
+        .post("/charges", "k1", "{}")
+        .await;
+    assert_eq!(replay.status, 201, "{}", replay.text());
+    assert!(replay.replayed());
+    assert_eq!(replay.body, created.body);
+    assert_eq!(up.count(), 1, "the restart forgot nothing");
+}
+
+#[tokio::test]
+async fn a_second_process_on_the_same_path_exits_1_naming_it() {
+    let up = Upstream::start().await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
+    let path = file.path().to_string_lossy().into_owned();
+    let first = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(first.addr);
+    assert_eq!(c.post("/charges", "k", "{}").await.status, 201);
+    let before = db_bytes(&dir);
+
+    let out = refused(&file, &dir).await;
+    assert!(
+        out.stderr.contains("in use by another idemgate"),
+        "{}",
+        out.stderr
+    );
+    // The first one goes on serving from the untouched store.
+    assert_eq!(db_bytes(&dir), before);
+    assert!(c.post("/charges", "k", "{}").await.replayed());
+}
+
+#[tokio::test]
+async fn a_corrupt_store_exits_1_and_is_left_as_it_is() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let garbage: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(dir.join(idemgate::store::file::DB_FILE), &garbage).expect("write");
+    let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
+
+    let out = refused(&file, &dir).await;
+    assert!(out.stderr.contains("corrupt"), "{}", out.stderr);
+    assert_eq!(db_bytes(&dir), garbage, "never silently emptied");
+}
+
+/// A store whose first pages were overwritten after it was written: redb's checksums
+/// or structure checks catch it, and nothing is repaired away.
+#[tokio::test]
+async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
+    let up = Upstream::start().await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
+    let path = file.path().to_string_lossy().into_owned();
+    let mut running = Running::start(&["--config", &path]).await;
+    assert_eq!(
+        TestClient::new(running.addr)
+            .post("/charges", "k", "{}")
+            .await
+            .status,
+        201
+    );
+    running.terminate().await;
+    running.wait_exit().await;
+    // Keep redb's magic number, damage everything after it in the first 64 KiB.
+    let mut bytes = db_bytes(&dir);
+    for b in &mut bytes[9..64 * 1024] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(dir.join(idemgate::store::file::DB_FILE), &bytes).expect("write");
+
+    refused(&file, &dir).await;
+    assert_eq!(db_bytes(&dir), bytes);
+}
+
+#[tokio::test]
+async fn a_store_of_another_format_exits_1_and_is_left_as_it_is() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    {
+        // A store as a later idemgate might write it: another format number.
+        let db = redb::Database::create(dir.join(idemgate::store::file::DB_FILE)).expect("create");
+        let txn = db.begin_write().expect("txn");
+        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
+            .expect("meta")
+            .insert("format", idemgate::store::file::FORMAT + 1)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let before = db_bytes(&dir);
+    let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
+
+    let out = refused(&file, &dir).await;
+    let found = format!("on-disk format {}", idemgate::store::file::FORMAT + 1);
+    assert!(out.stderr.contains(&found), "{}", out.stderr);
+    assert_eq!(db_bytes(&dir), before);
+}
+
+#[tokio::test]
+async fn an_unreadable_store_exits_1_naming_the_path() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = store_dir(&tmp);
+    // Where the database file should be is a directory: it cannot be read as a file,
+    // whoever runs the test (root reads any file regardless of its mode).
+    std::fs::create_dir_all(dir.join(idemgate::store::file::DB_FILE)).expect("mkdir");
+    let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
+
+    let out = refused(&file, &dir).await;
+    assert!(out.stderr.contains("cannot be read"), "{}", out.stderr);
+    assert!(dir.join(idemgate::store::file::DB_FILE).is_dir());
+}
+
+#[tokio::test]
+async fn a_path_that_cannot_be_created_exits_1_and_check_reports_it() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let blocker = tmp.path().join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("write");
+    let dir = blocker.join("keys");
+    let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
+
+    let out = refused(&file, &dir).await;
+    assert!(out.stderr.contains("cannot be created"), "{}", out.stderr);
+
+    let check = run(idemgate().arg("--config").arg(file.path()).arg("--check")).await;
+    assert_eq!(check.code(), Some(1), "stdout: {}", check.stdout);
+    assert!(
+        check.stderr.contains("store.path") && check.stderr.contains(&dir.display().to_string()),
+        "{}",
+        check.stderr
+    );
+    // A good path passes --check and is not created by it.
+    let fine = tmp.path().join("later/keys");
+    let good = TempConfig::new(&yaml("http://127.0.0.1:9", &fine, ""));
+    let check = run(idemgate().arg("--config").arg(good.path()).arg("--check")).await;
+    assert_eq!(check.code(), Some(0), "{}", check.stderr);
+    assert!(check.stdout.contains("  kind: file"), "{}", check.stdout);
+    assert!(check.stdout.contains("  fsync: true"), "{}", check.stdout);
+    assert!(!tmp.path().join("later").exists());
+}
+
+/// `on_concurrent: wait` on the file store: duplicates parked on the owner's key are
+/// woken by its commit and replay the recorded response; one execution.
+#[tokio::test]
+async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
+    use idemgate::config::Config;
+
+    let up = Upstream::start().await;
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let yaml = format!(
+        "upstream:\n  url: {}\nstore:\n  kind: file\n  path: {}\nidempotency:\n  on_concurrent: wait\n",
+        up.url(),
+        store_dir(&tmp).display()
+    );
+    let proxy =
+        support::Proxy::file(Config::from_yaml_str(&yaml, &|_| None).expect("config")).await;
+    let c = proxy.client();
+    let first = c.spawn_post("/gate/charges", "w", "{}");
+    up.wait_for(1).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| c.spawn_post("/gate/charges", "w", "{}"))
+        .collect();
+    proxy.state.metrics.wait_until(|m| m.waiting() == 3).await;
+    up.open_gate();
+    let first = first.await.expect("join");
+    assert_eq!(first.status, 201, "{}", first.text());
+    for waiter in waiters {
+        let r = waiter.await.expect("join");
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert!(r.replayed());
+        assert_eq!(r.body, first.body);
+    }
+    assert_eq!(up.count(), 1);
+}

@@ -1,0 +1,49 @@
+//! Every integration test, in one binary: one link of the test support and the
+//! library instead of one per file (a fresh clone's test build went from 41 test
+//! binaries to one). Each file is a module named after the behaviour it tests; the
+//! support (`support/`) is compiled once.
+
+mod admin;
+mod admin_keys;
+mod answers;
+mod chaos;
+mod cli;
+mod compose;
+mod concurrency;
+#[cfg(feature = "failpoints")]
+mod crash;
+mod demo;
+mod docker_build;
+mod failover;
+mod faults;
+#[cfg(feature = "failpoints")]
+mod file_crash;
+mod file_store;
+mod fingerprint;
+mod guarding;
+mod handler;
+mod https_upstream;
+mod key_command;
+mod key_sources;
+mod kubernetes;
+mod lease;
+mod limits;
+mod monitoring;
+mod one_view;
+mod operations;
+mod proxy_redis;
+mod readme;
+mod redis_full;
+mod redis_malformed;
+mod redis_store;
+mod redis_support;
+mod reload;
+mod replay;
+mod replication;
+mod seams;
+mod sentinel;
+mod store_contract;
+mod support;
+mod upgrade;
+mod upstream_outcomes;
+mod workers;

@@ -1,0 +1,327 @@
+//! The Prometheus alerts (`deploy/prometheus/`) and the Grafana dashboard
+//! (`deploy/grafana/`) of issue 15, against the real binary: promtool checks and
+//! unit-tests the rules, a running idemgate's `/metrics` passes `promtool check metrics`,
+//! and every metric name and label value the rules and the dashboard query is one that a
+//! running idemgate exports.
+
+use crate::support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_yaml::Value;
+use support::TestClient;
+use support::bin::{LIMIT, Running, TempConfig, free_port};
+use tokio::io::AsyncWriteExt;
+
+fn path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// What a running `idemgate` (the real binary, memory store, admin listener on a free
+/// port) answers on `/metrics` to a client that sends `accept`, or none. The process is
+/// stopped with SIGTERM before this returns.
+async fn scrape(accept: Option<&str>) -> String {
+    const ATTEMPTS: usize = 5;
+    for _ in 0..ATTEMPTS {
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let file = TempConfig::new(&format!(
+            "upstream:\n  url: http://127.0.0.1:9\nadmin:\n  listen: {admin}\n"
+        ));
+        let config = file.path().to_str().expect("utf-8 path");
+        let mut running = Running::start(&["--config", config]).await;
+        // The proxy port accepts first; the admin listener is bound right after it.
+        let deadline = Instant::now() + LIMIT;
+        let bound = loop {
+            if tokio::net::TcpStream::connect(admin).await.is_ok() {
+                break true;
+            }
+            if running.stderr().contains("admin listener not started") {
+                break false; // someone took the port in the meantime: try another
+            }
+            assert!(
+                Instant::now() < deadline,
+                "admin never listened:\n{}",
+                running.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        if !bound {
+            running.kill().await;
+            continue;
+        }
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let resp = TestClient::new(admin)
+            .send("GET", "/metrics", &headers, "")
+            .await;
+        running.terminate().await;
+        assert!(running.wait_exit().await.success(), "{}", running.stderr());
+        assert_eq!(resp.status, 200);
+        return resp.text();
+    }
+    panic!("no free admin port after {ATTEMPTS} attempts");
+}
+
+/// Sample names and, per label, the values seen, of an exposition.
+#[derive(Debug, Default)]
+struct Exported {
+    names: BTreeSet<String>,
+    labels: HashMap<String, BTreeSet<String>>,
+}
+
+impl Exported {
+    fn parse(text: &str) -> Exported {
+        let mut out = Exported::default();
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+        {
+            let end = line.find(['{', ' ']).expect("a sample line");
+            out.names.insert(line[..end].to_owned());
+            if let Some(labels) = line[end..].strip_prefix('{') {
+                let labels = &labels[..labels.find('}').expect("closing brace")];
+                for pair in labels.split(',') {
+                    let (k, v) = pair.split_once('=').expect("label=value");
+                    out.labels
+                        .entry(k.to_owned())
+                        .or_default()
+                        .insert(v.trim_matches('"').to_owned());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The `idemgate_*` names a PromQL expression uses.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut word = String::new();
+    for c in expr.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            if word.starts_with("idemgate_") {
+                names.push(std::mem::take(&mut word));
+            }
+            word.clear();
+        }
+    }
+    names
+}
+
+/// The values an expression matches `label` against (`label="a"`, `label=~"a|b"`).
+fn matched_values(expr: &str, label: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, _) in expr.match_indices(label) {
+        let before = expr[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = expr[at + label.len()..].trim_start();
+        let Some(rest) = rest.strip_prefix("=~").or_else(|| rest.strip_prefix('=')) else {
+            continue;
+        };
+        let Some(quoted) = rest.trim_start().strip_prefix('"') else {
+            continue;
+        };
+        let value = &quoted[..quoted.find('"').expect("closing quote")];
+        out.extend(value.split('|').map(str::to_owned));
+    }
+    out
+}
+
+/// Checks that everything `exprs` query is exported.
+fn assert_exported(what: &str, exprs: &[String], exported: &Exported) {
+    assert!(!exprs.is_empty(), "{what}: no queries found");
+    for expr in exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{what}: no idemgate metric in {expr}");
+        for name in names {
+            assert!(
+                exported.names.contains(&name),
+                "{what} queries {name}, which idemgate does not export: {expr}"
+            );
+        }
+        for label in ["outcome", "op"] {
+            for value in matched_values(expr, label) {
+                assert!(
+                    exported
+                        .labels
+                        .get(label)
+                        .is_some_and(|v| v.contains(&value)),
+                    "{what} matches {label}=\"{value}\", which idemgate never exports: {expr}"
+                );
+            }
+        }
+    }
+}
+
+fn alert_rules() -> Vec<Value> {
+    let rules: Value = serde_yaml::from_str(&read("deploy/prometheus/alerts.yaml")).expect("YAML");
+    rules["groups"]
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules").clone())
+        .collect()
+}
+
+/// Every `expr` anywhere in the dashboard (panels, their targets, variables).
+fn dashboard_queries(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    _ => dashboard_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| dashboard_queries(v, out)),
+        _ => {}
+    }
+}
+
+async fn promtool(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    let mut child = tokio::process::Command::new("promtool")
+        .args(args)
+        .current_dir(path("deploy/prometheus"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("promtool: {e}; scripts/test.sh installs it (Debian package prometheus)")
+        });
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input.as_bytes())
+            .await
+            .expect("write to promtool");
+    }
+    tokio::time::timeout(LIMIT, child.wait_with_output())
+        .await
+        .expect("promtool finished")
+        .expect("promtool output")
+}
+
+fn report(out: &std::process::Output) -> String {
+    format!(
+        "{}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn promtool_accepts_the_alert_rules_and_their_unit_tests_pass() {
+    let check = promtool(&["check", "rules", "alerts.yaml"], None).await;
+    assert!(
+        check.status.success(),
+        "promtool check rules: {}",
+        report(&check)
+    );
+    let test = promtool(&["test", "rules", "alerts.test.yaml"], None).await;
+    assert!(
+        test.status.success(),
+        "promtool test rules: {}",
+        report(&test)
+    );
+
+    // Every alert has a unit test in which it fires.
+    let tests: Value =
+        serde_yaml::from_str(&read("deploy/prometheus/alerts.test.yaml")).expect("YAML");
+    let firing: BTreeSet<&str> = tests["tests"]
+        .as_sequence()
+        .expect("tests")
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_sequence().expect("alert_rule_test"))
+        .filter(|t| t["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty()))
+        .filter_map(|t| t["alertname"].as_str())
+        .collect();
+    for rule in alert_rules() {
+        let name = rule["alert"].as_str().expect("alert name");
+        assert!(
+            firing.contains(name),
+            "{name} has no unit test in which it fires"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_metrics_of_a_running_idemgate_pass_promtool_check_metrics() {
+    let text = scrape(None).await;
+    let out = promtool(&["check", "metrics"], Some(&text)).await;
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}\n{text}",
+        report(&out)
+    );
+}
+
+#[tokio::test]
+async fn every_metric_the_alerts_and_the_dashboard_query_is_exported() {
+    // What Prometheus scrapes: it asks for OpenMetrics. (The samples are the same in the
+    // text format 0.0.4; the unit tests of metrics.rs check that.)
+    let exported = Exported::parse(&scrape(Some("application/openmetrics-text")).await);
+    assert!(
+        exported.names.contains("idemgate_requests_total"),
+        "{exported:?}"
+    );
+
+    let alerts: Vec<String> = alert_rules()
+        .iter()
+        .map(|r| r["expr"].as_str().expect("expr").to_owned())
+        .collect();
+    assert_exported("deploy/prometheus/alerts.yaml", &alerts, &exported);
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/idemgate.json")).expect("dashboard JSON");
+    let mut queries = Vec::new();
+    dashboard_queries(&dashboard, &mut queries);
+    assert_exported("deploy/grafana/idemgate.json", &queries, &exported);
+
+    // The panels the issue asks for are there.
+    let titles: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter_map(|p| p["title"].as_str())
+        .collect();
+    for wanted in [
+        "outcome",
+        "Replay ratio",
+        "Store latency",
+        "Upstream latency",
+        "In flight",
+        "Evictions",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.contains(wanted)),
+            "no panel for {wanted}: {titles:?}"
+        );
+    }
+}
+
+#[test]
+fn the_query_readers_find_names_and_label_values() {
+    let expr = r#"sum(rate(idemgate_requests_total{job=~"$job", outcome=~"a|b"}[5m])) / rate(x_total{op="claim"}[1m])"#;
+    assert_eq!(metric_names(expr), ["idemgate_requests_total"]);
+    assert_eq!(matched_values(expr, "outcome"), ["a", "b"]);
+    assert_eq!(matched_values(expr, "op"), ["claim"]);
+    assert!(matched_values("sum by (outcome) (x)", "outcome").is_empty());
+}

@@ -1,0 +1,299 @@
+//! Real sockets for the tests: a counting upstream, the proxy, and a small client, all on
+//! 127.0.0.1:0. Everything started here is stopped when its handle is dropped.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod bin;
+pub mod chaos;
+pub mod docker;
+pub mod fake_redis;
+pub mod fault;
+pub mod kube;
+pub mod monitor;
+pub mod redis;
+pub mod servers;
+pub mod stall;
+pub mod upstream;
+
+/// The toy backend of the demo, as the compose and demo tests run it.
+#[path = "../../../examples/toy_backend.rs"]
+pub mod toy_backend;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemgate::config::Config;
+use idemgate::metrics::Metrics;
+use idemgate::proxy::{AppState, Shutdown, serve};
+use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use upstream::Upstream;
+
+/// A proxy served in this process on a free port.
+pub struct Proxy<S: Store = MemoryStore> {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState<S>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Shutdown>>,
+}
+
+impl Proxy<MemoryStore> {
+    /// Starts a proxy from YAML; `{upstream}` in it is replaced by the upstream's URL.
+    pub async fn start(yaml: &str, upstream: &Upstream) -> Proxy {
+        let yaml = yaml.replace("{upstream}", &upstream.url());
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
+        Self::with_config(config).await
+    }
+
+    pub async fn with_config(config: Config) -> Proxy {
+        let store = MemoryStore::new(config.store.max_entries);
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl Proxy<Arc<RedisStore>> {
+    /// A proxy on the Redis store that the config names.
+    pub async fn redis(yaml: &str, upstream: &Upstream) -> Self {
+        let yaml = yaml.replace("{upstream}", &upstream.url());
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
+        let store = Arc::new(RedisStore::new(&config.store).expect("redis store"));
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl Proxy<FileStore> {
+    /// A proxy on the file store that `config` names (`store.kind: file`).
+    pub async fn file(config: Config) -> Self {
+        let store = FileStore::open(&FileOptions::from_config(&config.store)).expect("file store");
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl<S: Store> Proxy<S> {
+    pub async fn with_store(config: Config, store: S) -> Proxy<S> {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let config = Arc::new(config);
+        // Observable: tests wait on counts with `metrics.wait_until`.
+        let state = Arc::new(AppState::with_metrics(config, store, Metrics::observable()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, Arc::clone(&state), async move {
+            let _ = stopped.await;
+        }));
+        Proxy {
+            addr,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Shuts down gracefully and reports how.
+    pub async fn stop(mut self) -> Shutdown {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task
+            .take()
+            .expect("running")
+            .await
+            .expect("serve task")
+    }
+
+    pub fn client(&self) -> TestClient {
+        TestClient::new(self.addr)
+    }
+
+    /// Starts the admin listener for this proxy on a free port; stops with the test.
+    pub async fn admin(&self) -> TestClient {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind admin");
+        let addr = listener.local_addr().expect("addr");
+        let state = Arc::clone(&self.state);
+        tokio::spawn(async move {
+            idemgate::admin::serve_admin(listener, state, std::future::pending()).await;
+        });
+        TestClient::new(addr)
+    }
+}
+
+impl<S: Store> Drop for Proxy<S> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A minimal YAML config in front of `{upstream}`.
+pub const BASIC: &str = "upstream:\n  url: {upstream}\n";
+
+/// An answer as the client saw it.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    /// The problem slug of an RFC 9457 answer, checked for shape on the way.
+    pub fn problem(&self) -> String {
+        assert_eq!(
+            self.headers["content-type"],
+            "application/problem+json",
+            "{}",
+            self.text()
+        );
+        let json = self.json();
+        assert_eq!(json["status"], self.status.as_u16(), "{json}");
+        assert!(
+            json["title"].is_string() && json["detail"].is_string(),
+            "{json}"
+        );
+        let ty = json["type"].as_str().expect("type");
+        ty.rsplit('/').next().expect("slug").to_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+/// An HTTP/1.1 client to one address.
+#[derive(Clone)]
+pub struct TestClient {
+    addr: SocketAddr,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl TestClient {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Resp {
+        self.send_bytes(method, path, headers, body.as_bytes().to_vec())
+            .await
+    }
+
+    /// [`TestClient::send`] with a body that need not be UTF-8.
+    pub async fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Resp {
+        let mut req = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).expect("method"))
+            .uri(format!("http://{}{}", self.addr, path));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).expect("request");
+        let resp = self.client.request(req).await.expect("response");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Resp {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// The same POST on a task of its own, for requests held at the upstream's gate.
+    pub fn spawn_post(&self, path: &str, key: &str, body: &str) -> tokio::task::JoinHandle<Resp> {
+        let (c, path, key, body) = (
+            self.clone(),
+            path.to_owned(),
+            key.to_owned(),
+            body.to_owned(),
+        );
+        tokio::spawn(async move { c.post(&path, &key, &body).await })
+    }
+
+    /// POST with an idempotency key.
+    pub async fn post(&self, path: &str, key: &str, body: &str) -> Resp {
+        self.send(
+            "POST",
+            path,
+            &[
+                ("idempotency-key", key),
+                ("content-type", "application/json"),
+            ],
+            body,
+        )
+        .await
+    }
+}
+
+/// Writes `request` as raw bytes (what an HTTP client would normalise), half-closes,
+/// and returns everything the proxy answered before it closed.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    raw(addr, request, true).await
+}
+
+/// Writes `request` (which should say `connection: close`) as raw bytes and returns
+/// everything the proxy answered before it closed; the write side stays open, so a
+/// request that is forwarded is not taken for an abandoned one.
+pub async fn raw_request(addr: SocketAddr, request: &[u8]) -> String {
+    raw(addr, request, false).await
+}
+
+async fn raw(addr: SocketAddr, request: &[u8], half_close: bool) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    // The proxy may answer and close before it has read everything: that is fine.
+    let _ = stream.write_all(request).await;
+    if half_close {
+        let _ = stream.shutdown().await;
+    }
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read_all = async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read_all)
+        .await
+        .expect("the proxy neither answered nor closed the connection");
+    String::from_utf8_lossy(&out).into_owned()
+}
