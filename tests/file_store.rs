@@ -251,3 +251,152 @@ async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
     }
     assert_eq!(up.count(), 1);
 }
+
+/// A filesystem of its own for one test: a size-limited tmpfs mounted on a temporary
+/// directory (the tests run as root), so that a test can fill it for real and free it
+/// again. Unmounted when dropped, also when the test fails.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "idemgate-test",
+            ])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs (needs root) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the filesystem has no byte left; returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let filler = self.path().join("filler");
+        let mut file = std::fs::File::create(&filler).expect("create the filler");
+        for chunk in [64 * 1024, 4096, 512, 1] {
+            let bytes = vec![0xA5u8; chunk];
+            while file.write_all(&bytes).is_ok() {}
+        }
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazy: detached even if something still has a file open on it.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Polls `/readyz` (its answer is cached for a second) until it answers `status`.
+async fn readyz_becomes(admin: &TestClient, status: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if admin.send("GET", "/readyz", &[], "").await.status == status {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz never answered {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The store's filesystem fills up: a write that fails is `503 store-unavailable` and
+/// nothing is forwarded for it, `/readyz` is 503; once space is freed the store writes
+/// again and is ready without a restart, and every key acknowledged before, during or
+/// after the outage still replays, after a restart too.
+///
+/// The full disk is real: a 4 MiB tmpfs mounted by the test, filled by a file the test
+/// writes until `ENOSPC`, then freed by deleting that file.
+#[tokio::test]
+async fn a_full_disk_is_503_and_not_ready_and_the_store_recovers_without_a_restart() {
+    let disk = SmallDisk::mount("4m");
+    let up = Upstream::start().await;
+    let admin = free_port();
+    let file = TempConfig::new(&yaml(&up.url(), &disk.path().join("store"), "").replace(
+        "admin:\n  listen: null\n",
+        &format!("admin:\n  listen: 127.0.0.1:{admin}\n"),
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+    let mut running = Running::start(&["--config", &path]).await;
+    let admin = TestClient::new(([127, 0, 0, 1], admin).into());
+    let c = TestClient::new(running.addr);
+
+    let mut acknowledged = Vec::new();
+    for k in 0..5 {
+        let key = format!("before-{k}");
+        let r = c.post("/big/2000", &key, "{}").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        acknowledged.push((key, r.body));
+    }
+    readyz_becomes(&admin, 200).await;
+
+    let filler = disk.fill();
+    let mut refused = false;
+    for i in 0..300 {
+        let executed = up.count();
+        let r = c.post("/big/50000", &format!("full-{i}"), "{}").await;
+        if r.status == 503 {
+            assert_eq!(r.problem(), "store-unavailable");
+            assert_eq!(up.count(), executed, "refused, never forwarded");
+            refused = true;
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(refused, "the full disk never refused a claim");
+    readyz_becomes(&admin, 503).await;
+
+    std::fs::remove_file(&filler).expect("free the space");
+    // Nothing is sent meanwhile: the store finds out on its own that it can write.
+    readyz_becomes(&admin, 200).await;
+    let after = c.post("/big/2000", "after", "{}").await;
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert!(!after.replayed());
+    acknowledged.push(("after".to_owned(), after.body));
+
+    let executed = up.count();
+    for (key, body) in &acknowledged {
+        let r = c.post("/big/2000", key, "{}").await;
+        assert!(r.replayed(), "{key}: {} {}", r.status, r.text());
+        assert_eq!(&r.body, body, "{key}");
+    }
+    running.terminate().await;
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+
+    let running = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(running.addr);
+    for (key, body) in &acknowledged {
+        let r = c.post("/big/2000", key, "{}").await;
+        assert!(
+            r.replayed(),
+            "after a restart, {key}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_eq!(&r.body, body, "{key}");
+    }
+    assert_eq!(up.count(), executed, "replays only");
+}

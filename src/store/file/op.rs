@@ -72,6 +72,22 @@ impl Op {
     }
 }
 
+impl Op {
+    /// Answers `why` without applying the operation: the writer has no database open.
+    pub(super) fn fail(self, why: &str) {
+        let err = || unavailable(why.to_owned());
+        match self {
+            Op::Claim { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Complete { reply, .. } | Op::Release { reply, .. } | Op::Renew { reply, .. } => {
+                drop(reply.send(Err(err())));
+            }
+            Op::TakeOver { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Purge { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Sweep { .. } => {}
+        }
+    }
+}
+
 /// An answer decided inside the transaction, sent once it is committed.
 pub(super) enum Answer {
     Claim(Reply<Claim>, Result<Claim, StoreError>),

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, ReadableTable, Table};
 
 use super::FileMetrics;
+use super::db::{self, Db, Reopen};
 use super::disk::{self, Head, LOG};
 use super::index::{Index, Loc, Published};
 use super::op::{Answer, Op};
@@ -30,7 +31,8 @@ const SWEEP_PER_COMMIT: usize = 256;
 pub(super) const SWEEP_PER_TICK: usize = 8192;
 
 pub(super) struct Writer {
-    pub(super) db: Arc<Database>,
+    pub(super) db: Arc<Db>,
+    pub(super) reopen: Reopen,
     pub(super) max_entries: u64,
     pub(super) index: Index,
     pub(super) published: Arc<Published>,
@@ -39,6 +41,11 @@ pub(super) struct Writer {
     pub(super) file: std::path::PathBuf,
     /// Cleared when the writer stops, so that `/readyz` reports it.
     pub(super) alive: Arc<AtomicBool>,
+    /// The most bytes a failed commit tried to write since the last commit that
+    /// succeeded: what a probe writes to find out whether there is room again.
+    pub(super) failed_bytes: u64,
+    /// Bytes of values written by the commit being made.
+    pub(super) written: u64,
 }
 
 /// The log table of one transaction, the index it keeps up to date, and what changed.
@@ -51,6 +58,7 @@ struct Tx<'t, 'i> {
     changed: Vec<ScopedKey>,
     evicted: u64,
     expired: u64,
+    written: &'i mut u64,
 }
 
 impl Writer {
@@ -68,6 +76,8 @@ impl Writer {
             }
             self.commit(batch);
         }
+        // Closed here, before the lock file is let go.
+        self.db.close();
     }
 
     fn commit(&mut self, batch: Vec<Op>) {
@@ -79,8 +89,18 @@ impl Writer {
             SWEEP_PER_TICK
         };
         let now = batch.iter().map(Op::now).max().unwrap_or(0);
+        let Some(db) = self.database() else {
+            for op in batch {
+                op.fail("the file store cannot open its database again after a failed write");
+            }
+            return;
+        };
+        // After a failed write, a write of its own as large tells whether there is room
+        // again, even when nothing else is written.
+        let probe = (!self.db.healthy()).then_some(self.failed_bytes);
+        self.written = 0;
         let mut answers = Vec::with_capacity(batch.len());
-        match self.transact(batch, now, sweep_limit, &mut answers) {
+        match self.transact(&db, batch, now, sweep_limit, probe, &mut answers) {
             Ok(Some(done)) => {
                 self.published.update(&self.index, &done.touched);
                 self.metrics.evictions.inc_by(done.evicted);
@@ -92,6 +112,14 @@ impl Writer {
                 for answer in answers {
                     answer.send();
                 }
+                if probe.is_some() {
+                    if let Err(err) = db::remove_probe(&db) {
+                        return self.write_failed(db, &err);
+                    }
+                    tracing::info!(file = %self.file.display(), "file store: writes succeed again");
+                }
+                self.failed_bytes = 0;
+                self.db.set_healthy(true);
             }
             // Nothing was written: nothing to flush, the answers stand as they are.
             Ok(None) => {
@@ -100,37 +128,68 @@ impl Writer {
                 }
             }
             Err(err) => {
-                tracing::error!(error = %err, file = %self.file.display(), "file store: commit failed");
                 let why = format!("the file store could not commit: {err}");
                 for answer in answers {
                     answer.fail(&why);
                 }
                 // The operations not reached drop their reply: their callers see the
-                // writer's answer missing, which is the same error. The index may hold
-                // the failed batch: read it again from what is committed.
-                match Index::load(&*self.db) {
-                    Ok(index) => {
-                        self.index = index;
-                        self.published.reset(&self.index);
-                    }
-                    Err(err) => {
-                        tracing::error!(error = %err, "file store: cannot reload its index; stopping");
-                        self.alive.store(false, Ordering::Relaxed);
-                    }
-                }
+                // writer's answer missing, which is the same error.
+                self.write_failed(db, &err);
             }
         }
+    }
+
+    /// A commit failed: not ready until one succeeds. redb refuses every write after a
+    /// failed one, and the index may hold the failed batch: open the database again
+    /// and read the index from what is committed.
+    fn write_failed(&mut self, db: Arc<Database>, err: &redb::Error) {
+        tracing::error!(error = %err, file = %self.file.display(), "file store: commit failed");
+        self.failed_bytes = self.failed_bytes.max(self.written);
+        self.db.set_healthy(false);
+        drop(db);
+        self.db.close();
+        self.database();
+    }
+
+    /// The open database, opened again first if a failed write closed it. `None` while
+    /// it cannot be (the disk still full, say): the next batch or probe tries again.
+    fn database(&mut self) -> Option<Arc<Database>> {
+        if let Ok(db) = self.db.get() {
+            return Some(db);
+        }
+        let db = match self.reopen.open() {
+            Ok(db) => db,
+            Err(err) => {
+                tracing::warn!(error = %err, "file store: cannot open the database again yet");
+                return None;
+            }
+        };
+        match Index::load(&db) {
+            Ok(index) => {
+                self.index = index;
+                self.published.reset(&self.index);
+                self.metrics.set_counts(&self.index);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "file store: cannot read its index again yet");
+                return None;
+            }
+        }
+        self.db.put(db);
+        self.db.get().ok()
     }
 
     /// Applies `batch` in one transaction and commits it if it wrote anything.
     fn transact(
         &mut self,
+        db: &Database,
         batch: Vec<Op>,
         now: u64,
         sweep_limit: usize,
+        probe: Option<u64>,
         answers: &mut Vec<Answer>,
     ) -> Result<Option<Done>, redb::Error> {
-        let txn = self.db.begin_write()?;
+        let txn = db.begin_write()?;
         let done = {
             let mut tx = Tx {
                 log: txn.open_table(LOG)?,
@@ -139,12 +198,13 @@ impl Writer {
                 changed: Vec::new(),
                 evicted: 0,
                 expired: 0,
+                written: &mut self.written,
             };
             for op in batch {
                 answers.push(tx.apply(op, self.max_entries)?);
             }
             tx.sweep(now, sweep_limit)?;
-            (!tx.touched.is_empty()).then_some(Done {
+            (!tx.touched.is_empty() || probe.is_some()).then_some(Done {
                 touched: tx.touched,
                 changed: tx.changed,
                 evicted: tx.evicted,
@@ -157,6 +217,9 @@ impl Writer {
                 Ok(None)
             }
             Some(done) => {
+                if let Some(bytes) = probe {
+                    db::write_probe(&txn, bytes)?;
+                }
                 txn.commit()?;
                 Ok(Some(done))
             }
@@ -392,6 +455,7 @@ impl Tx<'_, '_> {
         let id = self.index.next_id;
         self.index.next_id += 1;
         let value = disk::encode(Head { key, expires_ms }, record);
+        *self.written += value.len() as u64;
         self.log.insert(id, value.as_slice())?;
         self.index.insert(
             key,
