@@ -194,6 +194,8 @@ impl<C: Clock + Clone> FileStore<C> {
             alive: Arc::clone(&alive),
             failed_bytes: 0,
             written: 0,
+            claimed: Vec::new(),
+            unsure: Vec::new(),
         };
         // The lock file goes with the writer: held until the database is closed.
         let lock = opened.lock;

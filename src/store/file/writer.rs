@@ -46,6 +46,13 @@ pub(super) struct Writer {
     pub(super) failed_bytes: u64,
     /// Bytes of values written by the commit being made.
     pub(super) written: u64,
+    /// The markers the commit being made claims.
+    pub(super) claimed: Vec<(ScopedKey, OwnerToken)>,
+    /// Markers claimed by commits that failed. Their callers were refused, so nothing
+    /// was forwarded for them, but a commit can fail after it reached the file (its
+    /// last flush): the reopened database is rid of them before anyone reads it, so
+    /// that a retry executes instead of waiting out a lease nobody holds.
+    pub(super) unsure: Vec<(ScopedKey, OwnerToken)>,
 }
 
 /// The log table of one transaction, the index it keeps up to date, and what changed.
@@ -59,6 +66,7 @@ struct Tx<'t, 'i> {
     evicted: u64,
     expired: u64,
     written: &'i mut u64,
+    claimed: &'i mut Vec<(ScopedKey, OwnerToken)>,
 }
 
 impl Writer {
@@ -99,6 +107,7 @@ impl Writer {
         // again, even when nothing else is written.
         let probe = (!self.db.healthy()).then_some(self.failed_bytes);
         self.written = 0;
+        self.claimed.clear();
         let mut answers = Vec::with_capacity(batch.len());
         match self.transact(&db, batch, now, sweep_limit, probe, &mut answers) {
             Ok(Some(done)) => {
@@ -145,6 +154,7 @@ impl Writer {
     fn write_failed(&mut self, db: Arc<Database>, err: &redb::Error) {
         tracing::error!(error = %err, file = %self.file.display(), "file store: commit failed");
         self.failed_bytes = self.failed_bytes.max(self.written);
+        self.unsure.append(&mut self.claimed);
         self.db.set_healthy(false);
         drop(db);
         self.db.close();
@@ -165,18 +175,61 @@ impl Writer {
             }
         };
         match Index::load(&db) {
-            Ok(index) => {
-                self.index = index;
-                self.published.reset(&self.index);
-                self.metrics.set_counts(&self.index);
-            }
+            Ok(index) => self.index = index,
             Err(err) => {
                 tracing::warn!(error = %err, "file store: cannot read its index again yet");
                 return None;
             }
         }
+        if let Err(err) = self.settle_unsure(&db) {
+            tracing::warn!(error = %err, "file store: cannot remove the markers of failed claims yet");
+            return None;
+        }
+        self.published.reset(&self.index);
+        self.metrics.set_counts(&self.index);
         self.db.put(db);
         self.db.get().ok()
+    }
+
+    /// Removes the markers of failed claims that reached the file all the same.
+    fn settle_unsure(&mut self, db: &Database) -> Result<(), redb::Error> {
+        if self.unsure.is_empty() {
+            return Ok(());
+        }
+        let txn = db.begin_write()?;
+        let changed = {
+            let mut tx = Tx {
+                log: txn.open_table(LOG)?,
+                index: &mut self.index,
+                touched: Vec::new(),
+                changed: Vec::new(),
+                evicted: 0,
+                expired: 0,
+                written: &mut self.written,
+                claimed: &mut self.claimed,
+            };
+            for (key, token) in &self.unsure {
+                // Whatever the time: a marker with this token is the failed claim's.
+                if tx.owned(*key, *token, 0)?.is_some() {
+                    tx.remove(*key)?;
+                }
+            }
+            tx.changed
+        };
+        if changed.is_empty() {
+            txn.abort()?;
+        } else {
+            txn.commit()?;
+            tracing::info!(
+                removed = changed.len(),
+                "file store: removed the markers of failed claims"
+            );
+            for key in &changed {
+                self.watchers.wake(key);
+            }
+        }
+        self.unsure.clear();
+        Ok(())
     }
 
     /// Applies `batch` in one transaction and commits it if it wrote anything.
@@ -199,6 +252,7 @@ impl Writer {
                 evicted: 0,
                 expired: 0,
                 written: &mut self.written,
+                claimed: &mut self.claimed,
             };
             for op in batch {
                 answers.push(tx.apply(op, self.max_entries)?);
@@ -353,6 +407,7 @@ impl Tx<'_, '_> {
             &req.marker(now).encode(),
             false,
         )?;
+        self.claimed.push((req.key, req.token));
         Ok(Ok(Claim::Acquired(req.lease(now))))
     }
 
