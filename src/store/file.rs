@@ -13,6 +13,8 @@
 //!   before a crash is judged against the clock after the restart.
 //! - Expired entries are removed in the background (a sweep every second, and a few
 //!   with every commit), so a steady load of fresh keys keeps the file's size flat.
+//! - A failed write (a full disk) is refused, and the database is opened again at once;
+//!   the store is not ready until a write succeeds, which it tries every second.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +45,7 @@ mod db;
 mod disk;
 mod index;
 mod op;
+mod tx;
 mod watch;
 mod writer;
 
