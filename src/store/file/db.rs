@@ -128,13 +128,18 @@ pub(super) struct Reopen {
 
 impl Reopen {
     pub(super) fn open(&self) -> Result<Database, OpenError> {
-        disk::open_existing(
+        // The flushes of redb's recovery are not a commit's: the fail and crash points
+        // "during a flush" skip them, as they skip those of the first open.
+        self.serving.store(false, Ordering::Relaxed);
+        let opened = disk::open_existing(
             &self.path,
             &self.file,
             self.fsync,
             self.syncs.clone(),
             self.size.clone(),
             Arc::clone(&self.serving),
-        )
+        );
+        self.serving.store(true, Ordering::Relaxed);
+        opened
     }
 }

@@ -101,6 +101,8 @@ impl Writer {
         let mut answers = Vec::with_capacity(batch.len());
         match self.transact(&db, batch, now, sweep_limit, probe, &mut answers) {
             Ok(Some(done)) => {
+                // Committed: these claims are acknowledged, whatever a probe does next.
+                self.claimed.clear();
                 self.published.update(&self.index, &done.touched);
                 self.metrics.evictions.inc_by(done.evicted);
                 self.metrics.expired.inc_by(done.expired);
