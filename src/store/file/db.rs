@@ -9,8 +9,9 @@
 //! redb's recovery on open leaves them free.
 //!
 //! Until a write succeeds again the store is not healthy, and `/readyz` says so; the
-//! writer tries a small write of its own every second, so that the store becomes ready
-//! again once there is room, even if nothing is sent to it meanwhile.
+//! writer tries a write of its own every second, as large as the one that failed, so
+//! that the store becomes ready again once there is room, even if nothing is sent to it
+//! meanwhile.
 
 use std::path::PathBuf;
 use std::sync::Arc;

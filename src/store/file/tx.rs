@@ -186,7 +186,7 @@ impl<'t, 'i> Tx<'t, 'i> {
     }
 
     /// Removes what is under `key` unless it is a marker with a live lease and not
-    /// `force` (SPEC §13).
+    /// `force` (the admin API's purge).
     fn purge(
         &mut self,
         key: ScopedKey,
