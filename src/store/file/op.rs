@@ -70,9 +70,7 @@ impl Op {
             | Op::Sweep { now } => *now,
         }
     }
-}
 
-impl Op {
     /// Answers `why` without applying the operation: the writer has no database open.
     pub(super) fn fail(self, why: &str) {
         let err = || unavailable(why.to_owned());
