@@ -465,7 +465,7 @@ async fn the_store_recovers_from(disk: FullDisk) {
     running.terminate().await;
     assert!(running.wait_exit().await.success(), "{}", running.stderr());
 
-    let running = Running::start(&["--config", &path]).await;
+    let mut running = Running::start(&["--config", &path]).await;
     let c = TestClient::new(running.addr);
     for (key, body) in &acknowledged {
         let r = c.post("/big/2000", key, "{}").await;
@@ -478,6 +478,22 @@ async fn the_store_recovers_from(disk: FullDisk) {
         assert_eq!(&r.body, body, "{key}");
     }
     assert_eq!(up.count(), executed, "replays only");
+    running.terminate().await;
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+
+    // The writes that probed for room were removed again: the store holds its own
+    // tables only.
+    use redb::{ReadableDatabase, TableHandle};
+    let db = redb::ReadOnlyDatabase::open(store.join(idemgate::store::file::DB_FILE))
+        .expect("open the closed store");
+    let txn = db.begin_read().expect("read");
+    let mut tables: Vec<String> = txn
+        .list_tables()
+        .expect("tables")
+        .map(|t| t.name().to_owned())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["log", "meta"]);
 }
 
 /// The full disk is a real one: a 4 MiB tmpfs that the test mounts and fills with a
