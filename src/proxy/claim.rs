@@ -27,7 +27,7 @@ pub(crate) enum Claimed {
     /// A completed response, to send again.
     Replay(Arc<Completed>),
     /// The store did not answer the first claim, so nothing is known of the key:
-    /// `on_unavailable` decides.
+    /// `on_unavailable` decides. Never after the key was seen held: see [`claim`].
     Unavailable(StoreError),
 }
 
@@ -44,6 +44,10 @@ pub(crate) async fn claim<S: Store>(
 ) -> Result<Claimed, ProxyError> {
     let mut waiter = Waiter::default();
     let mut races = 0;
+    // Whether the store has shown this key held (a marker to wait on or to take over).
+    // From then on the store going away is a refusal: forwarding unguarded under
+    // `pass_through` would knowingly execute the key a second time.
+    let mut seen = false;
     loop {
         let claim = ClaimRequest {
             key,
@@ -64,9 +68,13 @@ pub(crate) async fn claim<S: Store>(
                 ) {
                     orphaned(state, policy, claim, Job::Release);
                 }
+                if seen {
+                    return Err(ProxyError::StoreUnavailable(err));
+                }
                 return Ok(Claimed::Unavailable(err));
             }
         };
+        seen = true;
         let decision = decide(
             &record,
             &fingerprint,

@@ -13,6 +13,8 @@
 //!   before a crash is judged against the clock after the restart.
 //! - Expired entries are removed in the background (a sweep every second, and a few
 //!   with every commit), so a steady load of fresh keys keeps the file's size flat.
+//! - A failed write (a full disk) is refused, and the database is opened again at once;
+//!   the store is not ready until a write succeeds, which it tries every second.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,12 +26,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
 use super::memory::{Clock, TokioClock};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
+use db::{Db, Reopen};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
 use index::{Index, Published};
 use op::Op;
@@ -38,9 +41,11 @@ use watch::Watchers;
 use writer::Writer;
 
 mod backend;
+mod db;
 mod disk;
 mod index;
 mod op;
+mod tx;
 mod watch;
 mod writer;
 
@@ -126,7 +131,8 @@ fn db_error(err: impl Into<redb::Error>) -> StoreError {
 /// database cleanly.
 #[derive(Debug)]
 pub struct FileStore<C: Clock = TokioClock> {
-    db: Arc<Database>,
+    /// Opened again by the writer after a failed write.
+    db: Arc<Db>,
     /// Each key's committed log id, kept by the writer.
     published: Arc<Published>,
     /// Shared with the sweeper only weakly, so that dropping the store stops the writer.
@@ -167,12 +173,21 @@ impl<C: Clock + Clone> FileStore<C> {
         if let Ok(meta) = std::fs::metadata(&opened.file) {
             metrics.disk_bytes.set(gauge(meta.len()));
         }
-        let db = Arc::new(opened.db);
+        let db = Arc::new(Db::new(opened.db));
+        let reopen = Reopen {
+            path: options.path.clone(),
+            file: opened.file.clone(),
+            fsync: options.fsync,
+            syncs: metrics.syncs.clone(),
+            size: metrics.disk_bytes.clone(),
+            serving: Arc::clone(&serving),
+        };
         let watchers = Arc::new(Watchers::default());
         let alive = Arc::new(AtomicBool::new(true));
         let (ops, queue) = std::sync::mpsc::channel();
         let writer = Writer {
             db: Arc::clone(&db),
+            reopen,
             max_entries: options.max_entries.max(1) as u64,
             index,
             published: Arc::clone(&published),
@@ -180,6 +195,10 @@ impl<C: Clock + Clone> FileStore<C> {
             watchers: Arc::clone(&watchers),
             file: opened.file,
             alive: Arc::clone(&alive),
+            failed_bytes: 0,
+            written: 0,
+            claimed: Vec::new(),
+            unsure: Vec::new(),
         };
         // The lock file goes with the writer: held until the database is closed.
         let lock = opened.lock;
@@ -198,6 +217,7 @@ impl<C: Clock + Clone> FileStore<C> {
         tokio::spawn(sweep(
             Arc::downgrade(&ops),
             Arc::downgrade(&published),
+            Arc::downgrade(&db),
             clock.clone(),
         ));
         Ok(Self {
@@ -273,7 +293,7 @@ impl<C: Clock> FileStore<C> {
         let Some(id) = self.published.id(key) else {
             return Ok(None);
         };
-        let txn = self.db.begin_read().map_err(db_error)?;
+        let txn = self.db.get()?.begin_read().map_err(db_error)?;
         let log = txn.open_table(disk::LOG).map_err(db_error)?;
         let Some(value) = log.get(id).map_err(db_error)? else {
             return Ok(None);
@@ -302,8 +322,15 @@ impl<C: Clock> Drop for FileStore<C> {
     }
 }
 
-/// The background expiry: asks the writer to sweep when something has expired.
-async fn sweep<C: Clock>(ops: Weak<Sender<Op>>, published: Weak<Published>, clock: C) {
+/// The background expiry: asks the writer to sweep when something has expired, and
+/// every time while a failed write has not been followed by a good one: the writer then
+/// writes a probe of its own, so the store becomes ready again once there is room.
+async fn sweep<C: Clock>(
+    ops: Weak<Sender<Op>>,
+    published: Weak<Published>,
+    db: Weak<Db>,
+    clock: C,
+) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -312,7 +339,8 @@ async fn sweep<C: Clock>(ops: Weak<Sender<Op>>, published: Weak<Published>, cloc
         let Some(published) = published.upgrade() else {
             return;
         };
-        let due = published.next_expiry() <= now;
+        let unhealthy = db.upgrade().is_some_and(|db| !db.healthy());
+        let due = published.next_expiry() <= now || unhealthy;
         drop(published);
         if due {
             let Some(ops) = ops.upgrade() else { return };
@@ -416,14 +444,20 @@ impl<C: Clock> Store for FileStore<C> {
         .await
     }
 
-    /// Ready while the database is open and its writer runs.
+    /// Ready while the database is open, its writer runs, and no write has failed since
+    /// the last one that succeeded.
     async fn ping(&self) -> Result<(), StoreError> {
         if !self.alive.load(Ordering::Relaxed) {
             return Err(unavailable(
                 "the file store's writer has stopped".to_owned(),
             ));
         }
-        self.db.begin_read().map(drop).map_err(db_error)
+        if !self.db.healthy() {
+            return Err(unavailable(
+                "the file store's last write failed (disk full?); retrying".to_owned(),
+            ));
+        }
+        self.db.get()?.begin_read().map(drop).map_err(db_error)
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

@@ -423,6 +423,54 @@ async fn a_slow_redis_is_503_within_the_store_timeout_and_recovers() {
     assert_eq!(up.count(), 2);
 }
 
+/// A duplicate waiting on a key that another request holds has seen the key taken.
+/// When Redis goes away under it, forwarding it unguarded (`pass_through`) would execute
+/// that request a second time: it gets 503. A request that never saw its key is still
+/// passed through.
+#[tokio::test]
+async fn a_waiter_that_loses_redis_gets_503_and_is_never_passed_through() {
+    let redis = RedisServer::start().await;
+    let relay = Relay::start(redis_addr(&redis)).await;
+    let up = Upstream::start().await;
+    let yaml = redis_via(
+        &relay,
+        "  timeout: 200ms\n  on_unavailable: pass_through\n\
+         idempotency:\n  on_concurrent: wait\n  lease: 1s\n  wait_timeout: 30s\n",
+    );
+    let proxy: RedisProxy = Proxy::redis(&yaml, &up).await;
+    let c = proxy.client();
+    let first = c.spawn_post("/gate/charges", "held", "{}");
+    up.wait_for(1).await;
+    let mut waiter = c.spawn_post("/gate/charges", "held", "{}");
+    proxy.state.metrics.wait_until(|m| m.waiting() == 1).await;
+
+    // Redis is gone: open connections are cut, new ones never answer. The waiter looks
+    // again at the latest when the holder's lease would end, and cannot.
+    relay.set(Fault::Hang);
+    relay.reset_all();
+    let waited = tokio::select! {
+        waited = &mut waiter => waited.expect("waiter task"),
+        () = up.wait_for(2) => {
+            up.open_gate();
+            panic!("the waiter went around the store: the upstream executed the key twice");
+        }
+    };
+    assert_problem(&waited, 503, "store-unavailable");
+
+    // A key nobody was seen holding follows `pass_through`.
+    let fresh = c.post("/charges", "fresh", "{}").await;
+    assert_eq!(fresh.status, 201, "{}", fresh.text());
+    assert_eq!(proxy.state.metrics.requests(Outcome::StoreBypassed), 1);
+    up.open_gate();
+    assert_eq!(first.await.expect("first").status, 201);
+    let held = up
+        .seen()
+        .iter()
+        .filter(|seen| seen.path_and_query == "/gate/charges")
+        .count();
+    assert_eq!(held, 1, "the held key executed once");
+}
+
 // --- Malformed HTTP to the proxy -------------------------------------------------------
 
 /// Sends raw bytes, half-closes, and returns what came back before the proxy closed (an

@@ -6,7 +6,9 @@ use crate::support;
 
 use std::path::{Path, PathBuf};
 
-use support::bin::{Finished, Running, TempConfig, free_port, idemgate, run};
+use support::bin::{
+    Finished, Running, TempConfig, free_port, idemgate, idemgate_ignoring_sigxfsz, run,
+};
 use support::{TestClient, Upstream};
 
 /// A config on the file store in `dir`; `extra` is appended (more top-level keys).
@@ -250,4 +252,261 @@ async fn waiting_duplicates_are_woken_by_the_record_and_replay_it() {
         assert_eq!(r.body, first.body);
     }
     assert_eq!(up.count(), 1);
+}
+
+/// A filesystem of its own for one test: a size-limited tmpfs mounted on a temporary
+/// directory (the tests run as root), so that a test can fill it for real and free it
+/// again. Unmounted when dropped, also when the test fails.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// The error, when the tmpfs cannot be mounted (no root, no `CAP_SYS_ADMIN`).
+    fn mount(size: &str) -> Result<SmallDisk, String> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "idemgate-test",
+            ])
+            .arg(dir.path())
+            .output()
+            .map_err(|err| format!("running mount: {err}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(SmallDisk { dir })
+    }
+
+    /// Writes a file until the filesystem has no byte left; returns its path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let filler = self.dir.path().join("filler");
+        let mut file = std::fs::File::create(&filler).expect("create the filler");
+        for chunk in [64 * 1024, 4096, 512, 1] {
+            let bytes = vec![0xA5u8; chunk];
+            while file.write_all(&bytes).is_ok() {}
+        }
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        // Lazy: detached even if something still has a file open on it.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// How a test makes the store's disk full, for real.
+enum FullDisk {
+    /// A 4 MiB tmpfs mounted by the test, filled by a file the test writes until
+    /// `ENOSPC`, freed by deleting that file.
+    Tmpfs(SmallDisk),
+    /// A file-size limit (`RLIMIT_FSIZE`, set on the running binary with `prlimit`) at
+    /// the database file's size, so that a commit that grows the file fails (`EFBIG`);
+    /// freed by lifting the limit. The binary ignores `SIGXFSZ`, as it would ignore a
+    /// full disk.
+    FileSize(tempfile::TempDir),
+}
+
+/// What [`FullDisk::fill`] did, undone by [`Filled::free`].
+enum Filled {
+    Filler(PathBuf),
+    Limit(u32),
+}
+
+impl FullDisk {
+    /// A tmpfs; where none can be mounted, says so and limits the file size instead.
+    // The note is for whoever reads the test's output: which full disk was tested.
+    #[allow(clippy::print_stderr)]
+    fn tmpfs_or_file_size() -> FullDisk {
+        match SmallDisk::mount("4m") {
+            Ok(disk) => FullDisk::Tmpfs(disk),
+            Err(why) => {
+                eprintln!(
+                    "NOTE: cannot mount a tmpfs ({why}): the disk is filled with a \
+                     file-size limit instead"
+                );
+                FullDisk::file_size()
+            }
+        }
+    }
+
+    fn file_size() -> FullDisk {
+        FullDisk::FileSize(tempfile::tempdir().expect("temp dir"))
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            FullDisk::Tmpfs(disk) => disk.dir.path(),
+            FullDisk::FileSize(dir) => dir.path(),
+        }
+    }
+
+    async fn start(&self, config: &str) -> Running {
+        match self {
+            FullDisk::Tmpfs(_) => Running::start(&["--config", config]).await,
+            FullDisk::FileSize(_) => {
+                Running::start_command(idemgate_ignoring_sigxfsz, &["--config", config], &[]).await
+            }
+        }
+    }
+
+    fn fill(&self, running: &Running, store: &Path) -> Filled {
+        match self {
+            FullDisk::Tmpfs(disk) => Filled::Filler(disk.fill()),
+            FullDisk::FileSize(_) => {
+                let size = std::fs::metadata(store.join(idemgate::store::file::DB_FILE))
+                    .expect("the database file")
+                    .len();
+                prlimit(running.pid(), &format!("--fsize={size}:unlimited"));
+                Filled::Limit(running.pid())
+            }
+        }
+    }
+}
+
+impl Filled {
+    fn free(self) {
+        match self {
+            Filled::Filler(path) => std::fs::remove_file(&path).expect("free the space"),
+            Filled::Limit(pid) => prlimit(pid, "--fsize=unlimited:unlimited"),
+        }
+    }
+}
+
+fn prlimit(pid: u32, limit: &str) {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), limit])
+        .status()
+        .expect("run prlimit");
+    assert!(status.success(), "prlimit --pid {pid} {limit}: {status}");
+}
+
+/// Polls `/readyz` (its answer is cached for a second) until it answers `status`.
+async fn readyz_becomes(admin: &TestClient, status: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if admin.send("GET", "/readyz", &[], "").await.status == status {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz never answered {status}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// The store's disk fills up: a write that fails is `503 store-unavailable` and nothing
+/// is forwarded for it, `/readyz` is 503; once space is freed the store writes again and
+/// is ready without a restart, and every key acknowledged before or after the outage
+/// still replays, after a restart too.
+async fn the_store_recovers_from(disk: FullDisk) {
+    let store = disk.path().join("store");
+    let up = Upstream::start().await;
+    let admin = free_port();
+    let file = TempConfig::new(&yaml(&up.url(), &store, "").replace(
+        "admin:\n  listen: null\n",
+        &format!("admin:\n  listen: 127.0.0.1:{admin}\n"),
+    ));
+    let path = file.path().to_string_lossy().into_owned();
+    let mut running = disk.start(&path).await;
+    let admin = TestClient::new(([127, 0, 0, 1], admin).into());
+    let c = TestClient::new(running.addr);
+
+    let mut acknowledged = Vec::new();
+    for k in 0..5 {
+        let key = format!("before-{k}");
+        let r = c.post("/big/2000", &key, "{}").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        acknowledged.push((key, r.body));
+    }
+    readyz_becomes(&admin, 200).await;
+
+    let filled = disk.fill(&running, &store);
+    let mut refused = false;
+    for i in 0..300 {
+        let executed = up.count();
+        let r = c.post("/big/50000", &format!("full-{i}"), "{}").await;
+        if r.status == 503 {
+            assert_eq!(r.problem(), "store-unavailable");
+            assert_eq!(up.count(), executed, "refused, never forwarded");
+            refused = true;
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(refused, "the full disk never refused a claim");
+    readyz_becomes(&admin, 503).await;
+
+    filled.free();
+    // Nothing is sent meanwhile: the store finds out on its own that it can write.
+    readyz_becomes(&admin, 200).await;
+    let after = c.post("/big/2000", "after", "{}").await;
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert!(!after.replayed());
+    acknowledged.push(("after".to_owned(), after.body));
+
+    let executed = up.count();
+    for (key, body) in &acknowledged {
+        let r = c.post("/big/2000", key, "{}").await;
+        assert!(r.replayed(), "{key}: {} {}", r.status, r.text());
+        assert_eq!(&r.body, body, "{key}");
+    }
+    running.terminate().await;
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+
+    let mut running = Running::start(&["--config", &path]).await;
+    let c = TestClient::new(running.addr);
+    for (key, body) in &acknowledged {
+        let r = c.post("/big/2000", key, "{}").await;
+        assert!(
+            r.replayed(),
+            "after a restart, {key}: {} {}",
+            r.status,
+            r.text()
+        );
+        assert_eq!(&r.body, body, "{key}");
+    }
+    assert_eq!(up.count(), executed, "replays only");
+    running.terminate().await;
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+
+    // The writes that probed for room were removed again: the store holds its own
+    // tables only.
+    use redb::{ReadableDatabase, TableHandle};
+    let db = redb::ReadOnlyDatabase::open(store.join(idemgate::store::file::DB_FILE))
+        .expect("open the closed store");
+    let txn = db.begin_read().expect("read");
+    let mut tables: Vec<String> = txn
+        .list_tables()
+        .expect("tables")
+        .map(|t| t.name().to_owned())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["log", "meta"]);
+}
+
+/// The full disk is a real one: a 4 MiB tmpfs that the test mounts and fills with a
+/// file until `ENOSPC`, then frees by deleting the file (a file-size limit where no
+/// tmpfs can be mounted).
+#[tokio::test]
+async fn a_full_disk_is_503_and_not_ready_and_the_store_recovers_without_a_restart() {
+    the_store_recovers_from(FullDisk::tmpfs_or_file_size()).await;
+}
+
+/// The same with the other real way to refuse a write: a file-size limit on the running
+/// binary, reached by the database file, then lifted.
+#[tokio::test]
+async fn a_file_size_limit_is_503_and_not_ready_and_the_store_recovers_once_lifted() {
+    the_store_recovers_from(FullDisk::file_size()).await;
 }

@@ -71,6 +71,13 @@ impl StorageBackend for Backend {
     fn sync_data(&self) -> Result<(), BackendError> {
         if self.serving.load(Ordering::Relaxed) {
             failpoint::hit(failpoint::DURING_FLUSH);
+            // A flush that fails after the commit's pages and header were written: the
+            // commit may be in the file although redb reports it failed.
+            if failpoint::fails(failpoint::DURING_FLUSH) {
+                return Err(BackendError::Io(std::io::Error::other(
+                    "fail point: the flush failed",
+                )));
+            }
         }
         if !self.fsync {
             return Ok(());

@@ -45,6 +45,8 @@ const UPGRADES_FROM: u64 = 1;
 pub const DB_FILE: &str = "idemgate.redb";
 /// The lock file inside `store.path`, held while the store is open.
 pub const LOCK_FILE: &str = "idemgate.lock";
+/// A new database while it is made, renamed to [`DB_FILE`] once complete.
+const STAGING_FILE: &str = "idemgate.redb.new";
 
 /// Why a store directory could not be opened. Each names the path, and none has
 /// changed what was there.
@@ -164,7 +166,7 @@ pub(super) fn open(
     }
     let file = path.join(DB_FILE);
     let existed = match std::fs::metadata(&file) {
-        Ok(meta) if meta.is_file() => meta.len() > 0,
+        Ok(meta) if meta.is_file() => true,
         Ok(_) => {
             return Err(OpenError::Unreadable {
                 path: at(),
@@ -177,39 +179,121 @@ pub(super) fn open(
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => false,
         Err(source) => return Err(OpenError::Unreadable { path: at(), source }),
     };
-    if existed {
-        check_header(&file).map_err(|reason| OpenError::Corrupt { path: at(), reason })?;
-        check_read_only(path, &file)?;
-    }
+    let db = if existed {
+        open_existing(path, &file, fsync, syncs, size, serving)?
+    } else {
+        create(path, &file, fsync, syncs, size, serving)?
+    };
+    Ok(Opened { db, lock, file })
+}
+
+/// Opens the database file of a store that exists, refusing one this version cannot
+/// read. Also how the writer opens it again after a failed write.
+pub(super) fn open_existing(
+    path: &Path,
+    file: &Path,
+    fsync: bool,
+    syncs: Counter,
+    size: Gauge,
+    serving: Arc<AtomicBool>,
+) -> Result<Database, OpenError> {
+    let at = || path.to_owned();
+    check_header(file).map_err(|reason| OpenError::Corrupt { path: at(), reason })?;
+    check_read_only(path, file)?;
     let handle = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(!existed)
-        .truncate(false)
-        .open(&file)
+        .open(file)
         .map_err(|source| OpenError::Unreadable { path: at(), source })?;
     let backend = Backend::new(handle, fsync, syncs, size, serving);
     let db = redb::Builder::new()
         .create_with_backend(backend)
         .map_err(|err| database_error(path, err))?;
-    if existed {
-        let format = check_format(&db).map_err(|found| match found {
-            Found::Other(found) => OpenError::Version { path: at(), found },
-            Found::Broken(reason) => OpenError::Corrupt { path: at(), reason },
-        })?;
-        if format == UPGRADES_FROM {
-            mark_format(&db).map_err(|reason| OpenError::NotWritable {
-                path: at(),
-                source: std::io::Error::other(reason),
-            })?;
-        }
-    } else {
-        init(&db).map_err(|reason| OpenError::NotWritable {
+    let format = check_format(&db).map_err(|found| match found {
+        Found::Other(found) => OpenError::Version { path: at(), found },
+        Found::Broken(reason) => OpenError::Corrupt { path: at(), reason },
+    })?;
+    if format == UPGRADES_FROM {
+        mark_format(&db).map_err(|reason| OpenError::NotWritable {
             path: at(),
             source: std::io::Error::other(reason),
         })?;
     }
-    Ok(Opened { db, lock, file })
+    Ok(db)
+}
+
+/// A new store, made under a staging name and renamed into place once its format is
+/// written and flushed: a crash while it is made leaves no database file, never an
+/// empty or half-written one, which the next open would have to refuse as corrupt.
+///
+/// Only an empty directory gets a new store. A directory with other files in it but no
+/// database may be a store whose file was lost or moved; starting afresh there would
+/// forget its keys without a word.
+fn create(
+    path: &Path,
+    file: &Path,
+    fsync: bool,
+    syncs: Counter,
+    size: Gauge,
+    serving: Arc<AtomicBool>,
+) -> Result<Database, OpenError> {
+    let at = || path.to_owned();
+    check_empty(path)?;
+    let staging = path.join(STAGING_FILE);
+    let not_writable = |source| OpenError::NotWritable { path: at(), source };
+    // Left by a creation that did not finish: it never held a key.
+    match std::fs::remove_file(&staging) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(not_writable(source)),
+    }
+    let handle = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&staging)
+        .map_err(not_writable)?;
+    let flush = handle.try_clone().map_err(not_writable)?;
+    let backend = Backend::new(handle, fsync, syncs, size, serving);
+    let db = redb::Builder::new()
+        .create_with_backend(backend)
+        .map_err(|err| database_error(path, err))?;
+    init(&db).map_err(|reason| not_writable(std::io::Error::other(reason)))?;
+    // The rename must not reach the disk before the file's contents do, whatever
+    // `fsync` says.
+    flush.sync_all().map_err(not_writable)?;
+    std::fs::rename(&staging, file).map_err(not_writable)?;
+    File::open(path)
+        .and_then(|dir| dir.sync_all())
+        .map_err(not_writable)?;
+    Ok(db)
+}
+
+/// What may be in a directory that gets a new store: the lock (taken before this
+/// check), a creation that did not finish, and the `lost+found` of a fresh filesystem.
+fn check_empty(path: &Path) -> Result<(), OpenError> {
+    let at = || path.to_owned();
+    let entries =
+        std::fs::read_dir(path).map_err(|source| OpenError::Unreadable { path: at(), source })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| OpenError::Unreadable { path: at(), source })?;
+        let name = entry.file_name();
+        if [LOCK_FILE, STAGING_FILE, "lost+found"]
+            .iter()
+            .any(|ours| name == *ours)
+        {
+            continue;
+        }
+        return Err(OpenError::Corrupt {
+            path: at(),
+            reason: format!(
+                "{DB_FILE} is missing but the directory is not empty (it holds {}): \
+                 a new store starts only in an empty directory",
+                name.to_string_lossy()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// redb's magic number: a file that does not start with it is not a redb database, and
@@ -223,6 +307,10 @@ fn check_header(file: &Path) -> Result<(), String> {
     match read {
         Ok(()) if head == REDB_MAGIC => Ok(()),
         Ok(()) => Err(format!("{} is not a redb database", file.display())),
+        Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => Err(format!(
+            "{} is shorter than a database header (empty or truncated)",
+            file.display()
+        )),
         Err(err) => Err(format!("{}: {err}", file.display())),
     }
 }
@@ -237,6 +325,16 @@ fn database_error(path: &Path, err: redb::DatabaseError) -> OpenError {
             path: at,
             found: format!("redb file format {version}"),
         },
+        // A file that ends before redb's structures do was cut short: corrupt, not a
+        // failing disk.
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            OpenError::Corrupt {
+                path: at,
+                reason: format!("the file ends early (truncated?): {source}"),
+            }
+        }
         redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
             OpenError::Unreadable { path: at, source }
         }

@@ -70,6 +70,20 @@ impl Op {
             | Op::Sweep { now } => *now,
         }
     }
+
+    /// Answers `why` without applying the operation: the writer has no database open.
+    pub(super) fn fail(self, why: &str) {
+        let err = || unavailable(why.to_owned());
+        match self {
+            Op::Claim { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Complete { reply, .. } | Op::Release { reply, .. } | Op::Renew { reply, .. } => {
+                drop(reply.send(Err(err())));
+            }
+            Op::TakeOver { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Purge { reply, .. } => drop(reply.send(Err(err()))),
+            Op::Sweep { .. } => {}
+        }
+    }
 }
 
 /// An answer decided inside the transaction, sent once it is committed.

@@ -358,3 +358,80 @@ async fn a_path_that_cannot_be_created_is_refused() {
     check_path(&dir.path().join("new/deeper")).expect("a path that can be created");
     assert!(!dir.path().join("new").exists(), "checking creates nothing");
 }
+
+/// A store that lost its contents is a damaged store, not a new one: starting empty
+/// would forget every key it held, and retries would execute again.
+#[tokio::test]
+async fn a_zero_length_store_file_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("mkdir");
+    std::fs::write(store.join(DB_FILE), b"").expect("an empty file");
+    let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
+    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&store.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(fingerprint(&store).0, 0, "still empty: nothing was created");
+}
+
+/// A store cut short (a copy that stopped, a filesystem that lost its tail) is refused
+/// at every length, the one that keeps only redb's header included.
+#[tokio::test]
+async fn a_truncated_store_file_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let s = FileStore::open(&options(dir.path(), 1000)).expect("open");
+        for k in 0..50 {
+            let lease = acquire(&s, k).await;
+            complete(&s, &lease, b"a response worth keeping").await;
+        }
+    }
+    let store = dir.path().join("store");
+    let whole = std::fs::read(store.join(DB_FILE)).expect("read the database file");
+    for len in [4, 9, 512, 4096, whole.len() / 2, whole.len() - 1] {
+        std::fs::write(store.join(DB_FILE), &whole[..len]).expect("truncate");
+        let before = fingerprint(&store);
+        let err = FileStore::open(&options(dir.path(), 1000)).expect_err("refused");
+        assert!(
+            matches!(err, OpenError::Corrupt { .. }),
+            "cut to {len} of {} bytes: {err:?}",
+            whole.len()
+        );
+        assert!(
+            err.to_string().contains(&store.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(fingerprint(&store), before, "cut to {len}: left as it is");
+    }
+}
+
+/// A directory with files in it but no database may be a store whose file was lost:
+/// no new store starts there. A creation that did not finish (the lock and a staging
+/// file) is not a store, and the next open starts afresh.
+#[tokio::test]
+async fn a_new_store_starts_only_in_an_empty_directory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("mkdir");
+    std::fs::write(store.join("notes.txt"), b"not ours").expect("a stray file");
+    let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
+    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
+    assert!(err.to_string().contains("notes.txt"), "{err}");
+    assert!(!store.join(DB_FILE).exists(), "nothing was created");
+
+    std::fs::remove_file(store.join("notes.txt")).expect("rm");
+    std::fs::write(store.join(LOCK_FILE), b"").expect("a lock file");
+    std::fs::write(store.join("idemgate.redb.new"), b"half made").expect("staging");
+    let s = FileStore::open(&options(dir.path(), 100)).expect("a new store");
+    let lease = acquire(&s, 1).await;
+    complete(&s, &lease, b"1").await;
+    drop(s);
+    assert!(
+        !store.join("idemgate.redb.new").exists(),
+        "renamed into place"
+    );
+    let s = FileStore::open(&options(dir.path(), 100)).expect("reopen");
+    assert_eq!(existing(&s, 1).await, Record::Completed(response(b"1")));
+}

@@ -38,7 +38,19 @@ async fn try_connect(addr: SocketAddr) -> Option<std::io::Result<TcpStream>> {
 
 /// A command for the binary, isolated from the caller's `IDEMGATE_CONFIG` and `RUST_LOG`.
 pub fn idemgate() -> Command {
-    let mut cmd = Command::new(BIN);
+    isolated(Command::new(BIN))
+}
+
+/// The binary, started by a shell that ignores `SIGXFSZ` first (an ignored signal stays
+/// ignored across `exec`): a write past a file-size limit (`prlimit --fsize`) then
+/// fails with `EFBIG` instead of killing the process, as a write to a full disk fails.
+pub fn idemgate_ignoring_sigxfsz() -> Command {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "trap '' XFSZ; exec \"$0\" \"$@\"", BIN]);
+    isolated(cmd)
+}
+
+fn isolated(mut cmd: Command) -> Command {
     cmd.env_remove("IDEMGATE_CONFIG")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -136,10 +148,20 @@ impl Running {
 
     /// [`Running::start`] with extra environment variables (e.g. a crash point).
     pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Running {
+        Self::start_command(idemgate, args, env).await
+    }
+
+    /// [`Running::start_with_env`], the binary started by `command` (e.g.
+    /// [`idemgate_ignoring_sigxfsz`]).
+    pub async fn start_command(
+        command: fn() -> Command,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Running {
         const ATTEMPTS: usize = 5;
         for _ in 0..ATTEMPTS {
             let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let mut cmd = idemgate();
+            let mut cmd = command();
             cmd.envs(env.iter().copied())
                 .args(args)
                 .arg("--listen")
