@@ -273,6 +273,7 @@ struct Reload {
 
 async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliError> {
     let config = Arc::new(config);
+    let hangups = hangups();
     let listeners = crate::proxy::bind_workers(config.listen, config.workers.resolve())
         .await
         .map_err(|source| CliError::Bind {
@@ -282,7 +283,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
     match config.store.kind {
         StoreKind::Memory => {
             let store = MemoryStore::new(config.store.max_entries);
-            run_with(listeners, config, store, reload).await
+            run_with(listeners, config, store, (reload, hangups)).await
         }
         StoreKind::File => {
             let store = FileStore::open(&FileOptions::from_config(&config.store))?;
@@ -292,7 +293,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 entries = store.len(),
                 "file store open"
             );
-            run_with(listeners, config, store, reload).await
+            run_with(listeners, config, store, (reload, hangups)).await
         }
         StoreKind::Redis => {
             let mut store = RedisStore::for_workers(&config.store, config.workers.resolve())
@@ -305,7 +306,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 Arc::clone(&store),
                 config.store.redacted_urls(),
             ));
-            run_with(listeners, config, store, reload).await
+            run_with(listeners, config, store, (reload, hangups)).await
         }
     }
 }
@@ -314,7 +315,7 @@ async fn run_with<S: Store>(
     listeners: Vec<tokio::net::TcpListener>,
     config: Arc<Config>,
     store: S,
-    reload: Option<Reload>,
+    (reload, hangups): (Option<Reload>, Hangups),
 ) -> Result<Shutdown, CliError> {
     tracing::info!(
         listen = %config.listen,
@@ -339,7 +340,7 @@ async fn run_with<S: Store>(
             Err(err) => tracing::error!(admin = %addr, error = %err, "admin listener not started"),
         }
     }
-    let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload));
+    let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload, hangups));
     let outcome = serve_workers(listeners, state, shutdown_signal()).await;
     reloader.abort();
     // Health and metrics stay up while in-flight requests drain.
@@ -348,11 +349,14 @@ async fn run_with<S: Store>(
 }
 
 /// SPEC §14: each SIGHUP re-reads the file; without one it is logged and ignored.
-async fn reload_on_sighup<S: Store>(state: Arc<AppState<S>>, reload: Option<Reload>) {
+async fn reload_on_sighup<S: Store>(
+    state: Arc<AppState<S>>,
+    reload: Option<Reload>,
+    hangups: Hangups,
+) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        let Some(mut hangups) = hangups else {
             return;
         };
         while hangups.recv().await.is_some() {
@@ -376,7 +380,24 @@ async fn reload_on_sighup<S: Store>(state: Arc<AppState<S>>, reload: Option<Relo
         }
     }
     #[cfg(not(unix))]
-    let _ = (state, reload);
+    let _ = (state, reload, hangups);
+}
+
+/// SIGHUP, listened to from before the listeners are bound: its default action ends the
+/// process, and a SIGHUP sent as soon as the port answers must reload, not kill.
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = ();
+
+fn hangups() -> Hangups {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        signal(SignalKind::hangup())
+            .inspect_err(|err| tracing::warn!(error = %err, "SIGHUP cannot be listened to"))
+            .ok()
+    }
 }
 
 /// Start-up check of SPEC §5: warn loudly when Redis may evict records. Redis being

@@ -115,7 +115,11 @@ impl Body for ProxyBody {
 pub(crate) struct StallGuard<B> {
     inner: B,
     stall: std::time::Duration,
-    timer: Pin<Box<tokio::time::Sleep>>,
+    /// Armed when the body first makes the reader wait: a body already in hyper's
+    /// buffer (most guarded bodies) costs no timer.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the timer counts the current wait (it is reset when a wait begins).
+    waiting: bool,
 }
 
 /// Why a [`StallGuard`]ed body failed.
@@ -130,7 +134,8 @@ impl<B> StallGuard<B> {
         Self {
             inner,
             stall,
-            timer: Box::pin(tokio::time::sleep(stall)),
+            timer: None,
+            waiting: false,
         }
     }
 }
@@ -146,14 +151,27 @@ impl<B: Body<Data = Bytes> + Unpin> Body for StallGuard<B> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let next = tokio::time::Instant::now() + this.stall;
-                this.timer.as_mut().reset(next);
+                // The next wait starts its own stall period.
+                this.waiting = false;
                 Poll::Ready(frame.map(|f| f.map_err(Stalled::Body)))
             }
-            Poll::Pending => match this.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Stalled::Stalled))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                let stall = this.stall;
+                let timer = match &mut this.timer {
+                    Some(timer) => {
+                        if !this.waiting {
+                            timer.as_mut().reset(tokio::time::Instant::now() + stall);
+                        }
+                        timer
+                    }
+                    None => this.timer.insert(Box::pin(tokio::time::sleep(stall))),
+                };
+                this.waiting = true;
+                match timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(Stalled::Stalled))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 
