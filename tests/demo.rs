@@ -1,7 +1,7 @@
 //! The demo story (README, `./scripts/demo.sh story`), told against the toy backend and
 //! idemgate on the memory store: straight to the backend a retry charges twice, through
-//! idemgate once. The example files are included as modules so the test runs exactly
-//! the code the demo runs.
+//! idemgate once; and the examples' own `--help`. The example files are included as modules
+//! so the test runs exactly the code the demo runs.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -61,4 +61,25 @@ async fn a_backend_crash_half_way_charges_twice_directly_and_once_through_idemga
     assert_eq!(last.status, 502);
     assert!(last.replayed, "the retry got the recorded outcome");
     assert!(last.body.contains("outcome-unknown"), "{}", last.body);
+}
+
+/// Each example's `--help` says what that program is, not what idemgate is (clap's bare
+/// `about` takes the crate's description).
+#[test]
+fn each_example_describes_itself_in_its_help() {
+    use clap::CommandFactory;
+    let proxy = env!("CARGO_PKG_DESCRIPTION");
+    for (help, own) in [
+        (
+            toy_backend::Args::command().render_help().to_string(),
+            "charges API",
+        ),
+        (
+            demo_client::Args::command().render_help().to_string(),
+            "retried payment",
+        ),
+    ] {
+        assert!(help.contains(own), "{help}");
+        assert!(!help.contains(proxy), "{help}");
+    }
 }
