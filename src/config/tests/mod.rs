@@ -12,6 +12,7 @@ use crate::idempotency::source::KeySource;
 
 mod errors;
 mod examples;
+mod keys;
 mod limits;
 
 fn no_env(_: &str) -> Option<String> {
