@@ -1,4 +1,5 @@
-//! What a newcomer writes wrong: a misspelt key, a key left without a value.
+//! What a newcomer writes wrong: a misspelt key, a key left without a value; and which
+//! store keys `--check` prints.
 
 use super::*;
 
@@ -74,4 +75,60 @@ fn null_is_kept_where_it_means_none() {
     assert_eq!(config.store.sentinel, None);
     assert_eq!(config.admin.listen, None);
     assert_eq!(config.admin.token, None);
+}
+
+/// The `store` keys `--check` prints for `text`, in order.
+fn printed_store_keys(text: &str) -> Vec<String> {
+    let config = parse_ok(&with_minimal(text));
+    let yaml = config.to_yaml();
+    let printed: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    let keys = printed["store"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|key| key.as_str().unwrap().to_owned())
+        .collect();
+    // And it still loads back to the same configuration.
+    assert_eq!(parse_ok(&yaml), config, "{yaml}");
+    keys
+}
+
+#[test]
+fn check_prints_only_the_store_keys_of_the_chosen_kind() {
+    let common = ["kind", "key_prefix", "timeout", "on_unavailable"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        common
+            .iter()
+            .chain(extra)
+            .map(|k| (*k).to_owned())
+            .collect()
+    };
+    assert_eq!(
+        printed_store_keys(
+            "store:\n  kind: memory\n  url: redis://elsewhere:1/0\n  fsync: false\n"
+        ),
+        with(&["max_entries"])
+    );
+    assert_eq!(
+        printed_store_keys(
+            "store:\n  kind: file\n  path: /srv/keys\n  url: redis://elsewhere:1/0\n  min_replicas: 2\n"
+        ),
+        with(&["max_entries", "path", "fsync"])
+    );
+    let mut redis = printed_store_keys("store:\n  kind: redis\n  path: /srv/keys\n");
+    redis.sort();
+    let mut expected = with(&["url", "cluster", "sentinel", "min_replicas"]);
+    expected.sort();
+    assert_eq!(redis, expected);
+}
+
+/// Keys that do not apply to the chosen kind are allowed and not checked; they are not
+/// in force either, so two files that differ only in them are the same configuration.
+#[test]
+fn keys_of_another_store_kind_leave_the_configuration_as_it_was() {
+    let plain = parse_ok(&with_minimal("store:\n  kind: file\n  path: /srv/keys\n"));
+    let noisy = parse_ok(&with_minimal(
+        "store:\n  kind: file\n  path: /srv/keys\n  urls: [redis://a:1, redis://b:2]\n  min_replicas: 0\n",
+    ));
+    assert_eq!(plain, noisy);
 }
