@@ -24,7 +24,11 @@ fn example_files() -> Vec<std::path::PathBuf> {
 
 fn parse_example(path: &Path) -> Config {
     let text = std::fs::read_to_string(path).unwrap();
-    let env = env_map(&[("REDIS_PASSWORD", "s3cr3t")]);
+    // demo-file.yaml's store directory is the one scripts/demo.sh chooses.
+    let env = env_map(&[
+        ("REDIS_PASSWORD", "s3cr3t"),
+        ("IDEMGATE_DEMO_STORE", "/tmp/idemgate-demo"),
+    ]);
     Config::from_yaml_str(&text, &env).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
 
@@ -38,6 +42,7 @@ fn every_example_config_parses() {
     for expected in [
         "cluster.yaml",
         "demo.yaml",
+        "demo-file.yaml",
         "docker.yaml",
         "example.yaml",
         "file.yaml",
