@@ -21,9 +21,14 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+/// The idemgate demo story: a retried payment sent straight to the toy backend, then
+/// through idemgate, and how many charges each made (from the backend's /stats).
+///
+/// Exits 0 when each story charged once through idemgate.
+// No bare `about`: clap would take the crate's description, which is idemgate's.
 #[derive(Debug, Parser)]
-#[command(name = "demo_client", about)]
-struct Args {
+#[command(name = "demo_client")]
+pub struct Args {
     /// idemgate's address.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     proxy: String,

@@ -37,10 +37,15 @@ const MAX_BODY: usize = 64 * 1024;
 /// How long in-flight requests get to finish after SIGINT/SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-/// A charges API that executes every request it gets, for the idemgate demo.
+/// A toy charges API that executes every request it gets, retries included: the
+/// backend of the idemgate demo.
+///
+/// POST /charges creates a charge (?delay_ms=N answers late, ?drop=1 never answers);
+/// GET /charges lists them, GET /stats counts them.
+// No bare `about`: clap would take the crate's description, which is idemgate's.
 #[derive(Debug, Parser)]
-#[command(name = "toy_backend", about)]
-struct Args {
+#[command(name = "toy_backend")]
+pub struct Args {
     /// Address to listen on; port 0 picks a free port (the real one is printed).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9000")]
     listen: SocketAddr,

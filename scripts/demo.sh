@@ -7,8 +7,12 @@
 #   ./scripts/demo.sh story         start both, tell the demo story (examples/demo_client.rs):
 #                                   a retried payment straight to the backend and through
 #                                   idemgate, with the charge counts; stop, exit 0/1
+#   ./scripts/demo.sh file [story]  the same on the durable file store (config/demo-file.yaml)
+#                                   in a directory of the user's, printed: keys survive a
+#                                   restart of the demo. IDEMGATE_DEMO_STORE chooses another
 #
-# Needs cargo, curl and bash. Both processes are stopped however the script ends.
+# Needs cargo, curl and bash. Both processes are stopped however the script ends; their
+# logs are kept in the directory the script prints, under cargo's target directory.
 set -euo pipefail
 
 PROXY=127.0.0.1:8080
@@ -38,8 +42,15 @@ for addr in "$PROXY" "$BACKEND"; do
     fi
 done
 
-MODE=${1:-}
-case "$MODE" in ""|story) ;; *) die "usage: $0 [story]" ;; esac
+STORE=memory
+MODE=""
+for arg in "$@"; do
+    case "$arg" in
+        file) STORE=file ;;
+        story) MODE=story ;;
+        *) die "usage: $0 [file] [story]" ;;
+    esac
+done
 
 say "demo: building (cargo build --release --bin idemgate --example toy_backend --example demo_client)"
 cargo build --release --bin idemgate --example toy_backend --example demo_client
@@ -48,10 +59,22 @@ target_dir=$(cargo metadata --format-version 1 --no-deps |
     sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 [ -n "$target_dir" ] || die "cannot find cargo's target directory"
 
-log_dir=$(mktemp -d "${TMPDIR:-/tmp}/idemgate-demo.XXXXXX")
+# Everything the demo writes stays in the user's build directory: the logs of the last
+# run, which the script announces and keeps, and the file store's keys, which must
+# outlive the demo for a restart to replay them.
+demo_dir="$target_dir/demo"
+log_dir="$demo_dir/logs"
+mkdir -p "$log_dir"
+if [ "$STORE" = file ]; then
+    config=config/demo-file.yaml
+    IDEMGATE_DEMO_STORE=${IDEMGATE_DEMO_STORE:-$demo_dir/file-store}
+    export IDEMGATE_DEMO_STORE
+    say "demo: file store in $IDEMGATE_DEMO_STORE (remove it to start afresh)"
+else
+    config=config/demo.yaml
+fi
 backend_pid=""
 proxy_pid=""
-keep_logs=""  # set when something went wrong, so the logs outlive the script
 
 # Stops what this script started: SIGTERM lets each finish its in-flight requests.
 # shellcheck disable=SC2317  # called from the traps below
@@ -64,9 +87,6 @@ cleanup() {
     for pid in $proxy_pid $backend_pid; do
         wait "$pid" 2>/dev/null || true
     done
-    if [ -z "$keep_logs" ]; then
-        rm -rf "$log_dir"
-    fi
 }
 trap cleanup EXIT
 trap 'say "demo: stopping"; cleanup; exit 130' INT
@@ -74,11 +94,10 @@ trap 'say "demo: stopping"; cleanup; exit 143' TERM
 
 "$target_dir/release/examples/toy_backend" --listen "$BACKEND" 2>"$log_dir/backend.log" &
 backend_pid=$!
-"$target_dir/release/idemgate" --config config/demo.yaml 2>"$log_dir/idemgate.log" &
+"$target_dir/release/idemgate" --config "$config" 2>"$log_dir/idemgate.log" &
 proxy_pid=$!
 
 show_logs() {
-    keep_logs=1
     say "--- toy backend ($log_dir/backend.log)"
     tail -n 20 "$log_dir/backend.log" >&2 || true
     say "--- idemgate ($log_dir/idemgate.log)"
@@ -105,7 +124,7 @@ if [ -z "$ready" ]; then
     die "not ready after $((READY_TRIES / 10)) s"
 fi
 
-say "demo: toy backend on http://$BACKEND, idemgate on http://$PROXY (logs in $log_dir)"
+say "demo: toy backend on http://$BACKEND, idemgate on http://$PROXY ($STORE store; logs in $log_dir)"
 
 # One POST /charges with key $1; prints the status line, the replay header (if any)
 # and the body, and leaves them in $status, $replayed and $body for the smoke check.
@@ -175,10 +194,19 @@ Try it (in another terminal):
     -H 'Idempotency-Key: order-42' -H 'Content-Type: application/json' \\
     -d '{"amount": 9900}'
 
-  # No key on a guarded route (config/demo.yaml sets required: true): 400 missing-key.
+  # No key on a guarded route ($config sets required: true): 400 missing-key.
   curl -i -X POST http://$PROXY/charges -d '{"amount": 1200}'
+EOF
+if [ "$STORE" = file ]; then
+    cat <<EOF
 
-Logs: $log_dir/idemgate.log and $log_dir/backend.log
+  # The keys are on disk: stop the demo (Ctrl-C), start it again, and send the first
+  # request again. It is replayed, though the new backend has created no charge.
+EOF
+fi
+cat <<EOF
+
+Logs (kept after the demo stops): $log_dir/idemgate.log and $log_dir/backend.log
 Press Ctrl-C to stop both.
 EOF
 

@@ -60,6 +60,14 @@ enum CliError {
     Config(#[from] crate::config::ConfigError),
     #[error("no configuration: give --config PATH (or IDEMGATE_CONFIG), or --upstream URL")]
     NoConfig,
+    /// `idemgate key` takes no `--upstream`: the id it prints depends on the settings of
+    /// the running proxy (`store.key_prefix`, the routes' key sources and scopes), which
+    /// only its file holds.
+    #[error(
+        "idemgate key needs the configuration the proxy runs with: give --config PATH \
+         (or IDEMGATE_CONFIG)"
+    )]
+    NoKeyConfig,
     #[error("give either --config PATH or --upstream URL, not both")]
     Contradiction,
     #[error("store: {0}")]
@@ -99,6 +107,9 @@ pub fn main() -> ExitCode {
     }
     let config = match load(&args) {
         Ok(config) => config,
+        Err(CliError::NoConfig) if matches!(args.command, Some(Command::Key(_))) => {
+            return fail(&CliError::NoKeyConfig);
+        }
         Err(err) => return fail(&err),
     };
     if let Some(Command::Key(key)) = &args.command {

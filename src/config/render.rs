@@ -15,7 +15,7 @@ use serde_yaml::{Mapping, Value};
 use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
-use super::{Config, Workers};
+use super::{Config, StoreConfig, StoreKind, Workers};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{KeySource, display_name};
 
@@ -25,27 +25,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
 
     put(&mut root, "upstream", config.upstream.to_mapping());
 
-    let store = &config.store;
-    let mut map = Mapping::new();
-    put(&mut map, "kind", store.kind.name());
-    match store.redacted_urls().as_slice() {
-        [url] => put(&mut map, "url", url.as_str()),
-        urls => put(&mut map, "urls", urls.to_vec()),
-    }
-    put(&mut map, "cluster", store.cluster);
-    put(&mut map, "key_prefix", store.key_prefix.as_str());
-    put(&mut map, "timeout", duration(&store.timeout));
-    put(&mut map, "on_unavailable", store.on_unavailable.name());
-    put(&mut map, "max_entries", store.max_entries as u64);
-    put(&mut map, "path", store.path.to_string_lossy().as_ref());
-    put(&mut map, "fsync", store.fsync);
-    put(
-        &mut map,
-        "sentinel",
-        super::sentinel::render(store.sentinel.as_ref()),
-    );
-    put(&mut map, "min_replicas", u64::from(store.min_replicas));
-    put(&mut root, "store", map);
+    put(&mut root, "store", store(&config.store));
 
     put(
         &mut root,
@@ -134,6 +114,41 @@ pub(super) fn to_yaml(config: &Config) -> String {
     format!("{}{yaml}", masked_notice(config))
 }
 
+/// `store`: the keys every kind reads, and those of the chosen kind only. Loading leaves
+/// the keys of other kinds at their defaults, so leaving them out loses nothing, and a
+/// file store's configuration does not show Redis URLs it never connects to.
+fn store(store: &StoreConfig) -> Mapping {
+    let mut map = Mapping::new();
+    put(&mut map, "kind", store.kind.name());
+    if store.kind == StoreKind::Redis {
+        match store.redacted_urls().as_slice() {
+            [url] => put(&mut map, "url", url.as_str()),
+            urls => put(&mut map, "urls", urls.to_vec()),
+        }
+        put(&mut map, "cluster", store.cluster);
+    }
+    put(&mut map, "key_prefix", store.key_prefix.as_str());
+    put(&mut map, "timeout", duration(&store.timeout));
+    put(&mut map, "on_unavailable", store.on_unavailable.name());
+    match store.kind {
+        StoreKind::Memory => put(&mut map, "max_entries", store.max_entries as u64),
+        StoreKind::File => {
+            put(&mut map, "max_entries", store.max_entries as u64);
+            put(&mut map, "path", store.path.to_string_lossy().as_ref());
+            put(&mut map, "fsync", store.fsync);
+        }
+        StoreKind::Redis => {
+            put(
+                &mut map,
+                "sentinel",
+                super::sentinel::render(store.sentinel.as_ref()),
+            );
+            put(&mut map, "min_replicas", u64::from(store.min_replicas));
+        }
+    }
+    map
+}
+
 /// The comment that opens the output when it holds `***` in place of a secret: such
 /// a file is refused until each is filled in, and the operator should learn why and
 /// where before trying to start from it.
@@ -151,12 +166,15 @@ fn masked_notice(config: &Config) -> String {
             .map(|(i, _)| format!("{key}[{i}]"))
             .collect()
     };
-    match store.urls.as_slice() {
-        [url] if super::url_secret(url).is_some() => keys.push("store.url".to_owned()),
-        urls => keys.extend(with_secrets(urls, "store.urls")),
-    }
-    if let Some(sentinel) = &store.sentinel {
-        keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
+    // Only a Redis store's URLs are printed.
+    if store.kind == StoreKind::Redis {
+        match store.urls.as_slice() {
+            [url] if super::url_secret(url).is_some() => keys.push("store.url".to_owned()),
+            urls => keys.extend(with_secrets(urls, "store.urls")),
+        }
+        if let Some(sentinel) = &store.sentinel {
+            keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
+        }
     }
     if keys.is_empty() {
         return String::new();

@@ -23,6 +23,8 @@ const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 /// Where the file store lives unless `store.path` says otherwise (SPEC §12).
 const DEFAULT_FILE_PATH: &str = "/var/lib/idemgate";
+/// Completed records the memory and file stores keep before evicting the oldest.
+const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     let idempotency = raw.idempotency.unwrap_or_default();
@@ -158,7 +160,7 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         }
     }
     let max_entries = match raw.max_entries {
-        None => 100_000,
+        None => DEFAULT_MAX_ENTRIES,
         Some(count) => usize::try_from(count.0)
             .ok()
             .filter(|n| *n >= 1)
@@ -177,7 +179,7 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
             "must not be empty; give a directory such as /var/lib/idemgate",
         ));
     }
-    Ok(StoreConfig {
+    let store = StoreConfig {
         kind,
         urls: urls.into_iter().map(|(_, url)| url).collect(),
         cluster,
@@ -189,7 +191,36 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         fsync: raw.fsync.is_none_or(|f| f.0),
         sentinel,
         min_replicas,
-    })
+    };
+    Ok(only_keys_in_force(store))
+}
+
+/// `store` with the keys the chosen kind does not read back at their defaults: they are
+/// allowed in the file but not in force, so two files that differ only in them load to
+/// the same configuration (a reload does not refuse them as a store change), and
+/// `--check`, which prints the keys of the chosen kind alone, loads back to it.
+fn only_keys_in_force(store: StoreConfig) -> StoreConfig {
+    let redis = StoreConfig {
+        urls: vec![DEFAULT_REDIS_URL.to_owned()],
+        cluster: false,
+        sentinel: None,
+        min_replicas: 0,
+        ..store.clone()
+    };
+    match store.kind {
+        StoreKind::Memory => StoreConfig {
+            path: DEFAULT_FILE_PATH.into(),
+            fsync: true,
+            ..redis
+        },
+        StoreKind::File => redis,
+        StoreKind::Redis => StoreConfig {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            path: DEFAULT_FILE_PATH.into(),
+            fsync: true,
+            ..store
+        },
+    }
 }
 
 fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {

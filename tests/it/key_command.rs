@@ -165,3 +165,20 @@ async fn requests_without_a_record_and_bad_keys_are_errors() {
     assert_eq!(a.stdout, b.stdout);
     assert!(a.stdout.starts_with("idemgate:"));
 }
+
+/// Without a configuration `idemgate key` names what it accepts, the proxy's own file:
+/// the id depends on its key prefix and scope settings. `--upstream`, which it refuses,
+/// is not offered.
+#[tokio::test]
+async fn without_a_configuration_it_asks_for_the_proxys_file() {
+    let out = run(idemgate().args(["key", "pay-1"])).await;
+    assert_eq!(out.code(), Some(1), "stdout: {}", out.stdout);
+    assert!(
+        out.stderr
+            .starts_with("idemgate: idemgate key needs the configuration"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("--config PATH"), "{}", out.stderr);
+    assert!(!out.stderr.contains("--upstream"), "{}", out.stderr);
+}

@@ -395,13 +395,24 @@ fn check_output_with_secrets_is_refused_until_they_are_filled_in() {
     error_at(&yaml, "store.url");
     assert_eq!(parse_ok(&yaml.replace("***", "hunter2")), url);
 
-    let several = load(
+    let several =
+        load("store:\n  kind: redis\n  urls: [redis://a:1, \"redis://:${PASSWORD}@b:2\"]\n");
+    let yaml = several.to_yaml();
+    assert!(yaml.contains("\n#   store.urls[1]\n"), "{yaml}");
+    let sentinels = load(
+        "store:\n  kind: redis\n  sentinel:\n    master_name: m\n    \
+         urls: [redis://s:1, \"redis://u:${PASSWORD}@t:2\"]\n",
+    );
+    let yaml = sentinels.to_yaml();
+    assert!(yaml.contains("\n#   store.sentinel.urls[1]\n"), "{yaml}");
+    // A memory store's URLs are not in force, so neither printed nor named.
+    let memory = load(
         "store:\n  kind: memory\n  urls: [redis://a:1, \"redis://:${PASSWORD}@b:2\"]\n  \
          sentinel:\n    master_name: m\n    urls: [redis://s:1, \"redis://u:${PASSWORD}@t:2\"]\n",
     );
-    let yaml = several.to_yaml();
+    let yaml = memory.to_yaml();
     assert!(
-        yaml.contains("#   store.urls[1]\n#   store.sentinel.urls[1]\n"),
+        !yaml.starts_with('#') && !yaml.contains("hunter2"),
         "{yaml}"
     );
 
@@ -579,8 +590,9 @@ fn log_levels_are_validated() {
 
 #[test]
 fn store_urls_are_checked_only_for_redis() {
+    // Accepted, and not in force: a memory store connects to no URL.
     let memory = parse_ok(&with_minimal("store:\n  kind: memory\n  url: not-a-url\n"));
-    assert_eq!(memory.store.urls, ["not-a-url"]);
+    assert_eq!(memory.store.urls, ["redis://127.0.0.1:6379/0"]);
     let message = error_at(
         &with_minimal("store:\n  kind: redis\n  url: http://cache:6379\n"),
         "store.url",
@@ -631,7 +643,9 @@ fn cluster_follows_the_flag_or_the_url_count_and_refuses_databases() {
         &with_minimal("store:\n  kind: redis\n  cluster: true\n  url: redis://a:7000/0\n"),
         "store.url",
     );
-    let empty_list = parse_ok(&with_minimal("store:\n  urls: []\n  url: redis://x:1/0\n"));
+    let empty_list = parse_ok(&with_minimal(
+        "store:\n  kind: redis\n  urls: []\n  url: redis://x:1/0\n",
+    ));
     assert_eq!(empty_list.store.urls, ["redis://x:1/0"]);
 }
 

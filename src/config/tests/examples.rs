@@ -24,7 +24,11 @@ fn example_files() -> Vec<std::path::PathBuf> {
 
 fn parse_example(path: &Path) -> Config {
     let text = std::fs::read_to_string(path).unwrap();
-    let env = env_map(&[("REDIS_PASSWORD", "s3cr3t")]);
+    // demo-file.yaml's store directory is the one scripts/demo.sh chooses.
+    let env = env_map(&[
+        ("REDIS_PASSWORD", "s3cr3t"),
+        ("IDEMGATE_DEMO_STORE", "/tmp/idemgate-demo"),
+    ]);
     Config::from_yaml_str(&text, &env).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
 
@@ -38,6 +42,7 @@ fn every_example_config_parses() {
     for expected in [
         "cluster.yaml",
         "demo.yaml",
+        "demo-file.yaml",
         "docker.yaml",
         "example.yaml",
         "file.yaml",
@@ -238,22 +243,28 @@ proptest! {
         key_prefix in dollar_text(8),
         user in dollar_text(4).prop_map(|t| t.replace([':', '@', '/', '?', '#'], "")),
         password in dollar_text(4).prop_map(|t| t.replace(['@', '/', '?', '#'], "")),
-        memory_url in dollar_text(6),
+        file_path in dollar_text(6).prop_map(|t| format!("/{t}")),
         route in "(/[a-z${}]{1,4}){1,2}",
         base_path in "(/[a-z$]{1,4})?",
         level in prop::sample::select(vec!["info", "warn,idemgate=debug", "off"]),
         redis in any::<bool>(),
     ) {
         let base = parse_ok(MINIMAL);
-        let (kind, url) = if redis {
-            (StoreKind::Redis, format!("redis://{user}:{password}@h:6379/0"))
+        // Each kind prints its own keys only: a string in a Redis URL, or in a file
+        // store's path.
+        let store = if redis {
+            StoreConfig {
+                kind: StoreKind::Redis,
+                urls: vec![format!("redis://{user}:{password}@h:6379/0")],
+                ..base.store.clone()
+            }
         } else {
-            (StoreKind::Memory, memory_url)
+            StoreConfig { kind: StoreKind::File, path: file_path.into(), ..base.store.clone() }
         };
         let upstream = values::parse_upstream_url(&format!("http://b:1{base_path}")).unwrap();
         let config = Config {
             upstream: UpstreamConfig { url: upstream, ..base.upstream.clone() },
-            store: StoreConfig { kind, urls: vec![url], key_prefix, ..base.store.clone() },
+            store: StoreConfig { key_prefix, ..store },
             routes: vec![Route { path: route, policy: base.idempotency.clone() }],
             log: LogConfig { level: level.to_owned(), ..base.log.clone() },
             ..base
@@ -327,10 +338,14 @@ fn the_annotated_example_names_every_key() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.yaml");
     let text = std::fs::read_to_string(path).unwrap();
     let written: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    let printed: serde_yaml::Value = serde_yaml::from_str(&parse_ok(MINIMAL).to_yaml()).unwrap();
     let (mut in_example, mut every) = (Vec::new(), Vec::new());
     key_paths(&written, "", &mut in_example);
-    key_paths(&printed, "", &mut every);
+    // `--check` prints the store keys of the chosen kind only: ask each kind.
+    for kind in ["memory", "file", "redis"] {
+        let config = parse_ok(&with_minimal(&format!("store:\n  kind: {kind}\n")));
+        let printed: serde_yaml::Value = serde_yaml::from_str(&config.to_yaml()).unwrap();
+        key_paths(&printed, "", &mut every);
+    }
     // `url` and `urls` are one key printed either way.
     let missing: Vec<&String> = every
         .iter()

@@ -12,6 +12,7 @@ use crate::idempotency::source::KeySource;
 
 mod errors;
 mod examples;
+mod keys;
 mod limits;
 
 fn no_env(_: &str) -> Option<String> {
@@ -195,7 +196,6 @@ store:
   key_prefix: "app1:"
   timeout: 250ms
   on_unavailable: pass_through
-  max_entries: 42
   sentinel:
     master_name: payments
     urls: [rediss://sentinel-a:26379, redis://sentinel-b:26380]
@@ -262,7 +262,7 @@ fn every_key_can_be_overridden() {
             key_prefix: "app1:".to_owned(),
             timeout: Duration::from_millis(250),
             on_unavailable: OnUnavailable::PassThrough,
-            max_entries: 42,
+            max_entries: 100_000,
             path: "/var/lib/idemgate".into(),
             fsync: true,
             sentinel: Some(SentinelConfig {
@@ -552,7 +552,8 @@ fn env_vars_are_interpolated_in_every_string() {
     ]);
     let text = "# ${NOT_IN_COMMENTS}\n\
                 upstream:\n  url: http://${HOST}:9000\n\
-                store:\n  kind: redis\n  url: redis://:${PASS}@${HOST}:6379\n  max_entries: ${N}\n  cluster: \"${ON}\"\n  urls: []\n\
+                store:\n  kind: redis\n  url: redis://:${PASS}@${HOST}:6379\n  cluster: \"${ON}\"\n  urls: []\n\
+                max_connections: ${N}\n\
                 idempotency:\n  scope_headers: [\"x-${HOST}\"]\n  ttl: ${N}h\n\
                 log:\n  level: \"$notavar\"\n";
     let err = Config::from_yaml_str(text, &env).unwrap_err().to_string();
@@ -564,7 +565,7 @@ fn env_vars_are_interpolated_in_every_string() {
     let config = Config::from_yaml_str(&text.replace("\"$notavar\"", "warn"), &env).unwrap();
     assert_eq!(config.upstream.url.host(), Some("backend"));
     assert_eq!(config.store.urls, ["redis://:p@ss: #word@backend:6379"]);
-    assert_eq!(config.store.max_entries, 7);
+    assert_eq!(config.max_connections, 7);
     assert!(config.store.cluster);
     assert_eq!(config.idempotency.scope_headers, [header("x-backend")]);
     assert_eq!(config.idempotency.ttl, secs(7 * 3600));
