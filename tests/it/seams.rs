@@ -52,16 +52,22 @@ fn the_test_server_routes_as_real_servers_do() {
     assert_eq!(route_of("/charges?x=1"), "/charges");
 }
 
-#[tokio::test]
-async fn an_h2c_upgrade_is_never_forwarded_and_later_requests_stay_guarded() {
-    let server = RealServer::start(Upgrades::Honour).await;
-    let proxy = proxy_for(&server, "").await;
+/// The probe's attack on one connection: an unguarded `GET` asking for h2c, then two
+/// keyless `POST /charges` on a `required: true` route; every answer it got.
+async fn h2c_attack(proxy: &Proxy) -> String {
     let attack = format!(
         "{H2C_GET}{}{}",
         post("/charges", ""),
         post("/charges", "connection: close\r\n")
     );
-    let answers = raw_request(proxy.addr, attack.as_bytes()).await;
+    raw_request(proxy.addr, attack.as_bytes()).await
+}
+
+#[tokio::test]
+async fn an_h2c_upgrade_is_never_forwarded_and_later_requests_stay_guarded() {
+    let server = RealServer::start(Upgrades::Honour).await;
+    let proxy = proxy_for(&server, "").await;
+    let answers = h2c_attack(&proxy).await;
     assert_eq!(statuses(&answers), [201, 400, 400], "{answers}");
     assert_eq!(answers.matches("missing-key").count(), 2, "{answers}");
     assert_eq!(
@@ -85,12 +91,7 @@ async fn an_h2c_upgrade_is_never_forwarded_and_later_requests_stay_guarded() {
 async fn a_101_to_a_request_that_asked_for_no_upgrade_is_502_and_nothing_is_joined() {
     let server = RealServer::start(Upgrades::SwitchAlways).await;
     let proxy = proxy_for(&server, "").await;
-    let attack = format!(
-        "{H2C_GET}{}{}",
-        post("/charges", ""),
-        post("/charges", "connection: close\r\n")
-    );
-    let answers = raw_request(proxy.addr, attack.as_bytes()).await;
+    let answers = h2c_attack(&proxy).await;
     assert_eq!(statuses(&answers), [502, 400, 400], "{answers}");
     assert!(answers.contains("upstream-unreachable"), "{answers}");
     assert_eq!(server.switched(), 1);
