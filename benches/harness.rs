@@ -77,9 +77,9 @@ pub(crate) enum TargetKind {
     Baseline,
     Memory,
     Redis,
-    /// Redis with a replica and `store.min_replicas: 1` (SPEC §14).
+    /// Redis with a replica and `store.min_replicas: 1` (docs/behaviour.md §14).
     RedisReplica,
-    /// The file store with `fsync: true` (SPEC §12).
+    /// The file store with `fsync: true` (docs/behaviour.md §12).
     File,
     /// The file store with `fsync: false`.
     FileNoSync,
@@ -122,7 +122,7 @@ pub(crate) enum Scenario {
     Hit,
     /// `POST /orders` with a fresh key in the JSON body (`key_from: [{json:
     /// /metadata/order_id}]`, `fingerprint_body: json`): a `miss` whose key and
-    /// fingerprint come from the parsed body (SPEC §9, §10).
+    /// fingerprint come from the parsed body (docs/behaviour.md §9, §10).
     JsonKey,
 }
 
@@ -151,8 +151,8 @@ impl Scenario {
         }
     }
 
-    /// Top-level Redis commands a request costs (SPEC §5: a replay one round trip, a
-    /// first execution two, a pass-through none).
+    /// Top-level Redis commands a request costs: a replay one round trip, a first
+    /// execution two, a pass-through none (docs/behaviour.md §5).
     pub(crate) fn redis_commands(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,

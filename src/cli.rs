@@ -128,9 +128,9 @@ pub fn main() -> ExitCode {
         };
     }
     if args.check {
-        // SPEC §12: a file store's directory must be creatable and writable; checked
-        // without leaving anything behind, and without opening the store (which may be
-        // in use by the running proxy).
+        // A file store's directory must be creatable and writable
+        // (docs/behaviour.md §12); checked without leaving anything behind, and without
+        // opening the store (which may be in use by the running proxy).
         if config.store.kind == StoreKind::File
             && let Err(err) = crate::store::file::check_path(&config.store.path)
         {
@@ -359,7 +359,8 @@ async fn run_with<S: Store>(
     Ok(outcome?)
 }
 
-/// SPEC §14: each SIGHUP re-reads the file; without one it is logged and ignored.
+/// Each SIGHUP re-reads the file; without one it is logged and ignored
+/// (docs/behaviour.md §14).
 async fn reload_on_sighup<S: Store>(
     state: Arc<AppState<S>>,
     reload: Option<Reload>,
@@ -411,8 +412,9 @@ fn hangups() -> Hangups {
     }
 }
 
-/// Start-up check of SPEC §5: warn loudly when Redis may evict records. Redis being
-/// down is not fatal: requests follow `on_unavailable` and `/readyz` reports it.
+/// Start-up check: warn loudly when Redis may evict records (docs/behaviour.md §5).
+/// Redis being down is not fatal: requests follow `on_unavailable` and `/readyz` reports
+/// it.
 async fn check_redis(store: Arc<RedisStore>, urls: Vec<String>) {
     match store.eviction_warning().await {
         Ok(None) => tracing::info!(?urls, "redis reachable; maxmemory-policy is noeviction"),

@@ -89,7 +89,7 @@ pub(crate) enum ProxyError {
     StoreUnavailable(#[source] StoreError),
 }
 
-/// Why the admin key API (SPEC §13) refused or could not answer.
+/// Why the admin key API (docs/behaviour.md §13) refused or could not answer.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AdminError {
     #[error("this endpoint needs the bearer token of admin.token")]
@@ -181,7 +181,8 @@ pub(crate) struct Problem {
 }
 
 impl ProxyError {
-    /// The status table of SPEC §7. Exhaustive on purpose: a new error must be placed.
+    /// The status table (docs/behaviour.md §7). Exhaustive on purpose: a new error must
+    /// be placed.
     pub(crate) fn problem(&self) -> Problem {
         use ProxyError as E;
         let (status, slug, title, retry_after) = match self {
@@ -371,7 +372,7 @@ impl Problem {
         format!("{PROBLEM_BASE}{}", self.slug)
     }
 
-    /// The body: the JSON of RFC 9457, or the operator's template (SPEC §16).
+    /// The body: the JSON of RFC 9457, or the operator's template (docs/behaviour.md §16).
     pub(crate) fn body(&self, errors: &ErrorsConfig) -> Bytes {
         match errors.format {
             ErrorFormat::Problem => {

@@ -18,6 +18,9 @@
 //! - [`logs`]: log lines to stderr, batched on the worker threads.
 //! - [`worker`]: which worker thread a call runs on, and what each worker owns.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.
+//!
+//! What these modules must do is written in `docs/behaviour.md`, the behaviour contract,
+//! in numbered sections; comments cite them as `(docs/behaviour.md §4)`.
 
 pub mod admin;
 pub mod cli;

@@ -181,9 +181,10 @@ pub struct Metrics {
     reloads: [Counter; 2],
     /// Reloads that changed how record addresses are computed.
     reload_address_changes: Counter,
-    /// Records fewer replicas acknowledged than `store.min_replicas` asks (SPEC §14).
+    /// Records fewer replicas acknowledged than `store.min_replicas` asks
+    /// (docs/behaviour.md §14).
     replication_shortfall: Counter,
-    /// Keys removed through the admin API (SPEC §13).
+    /// Keys removed through the admin API (docs/behaviour.md §13).
     admin_purges: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
@@ -355,7 +356,7 @@ impl Metrics {
         }
     }
 
-    /// Counts a configuration reload (SPEC §14).
+    /// Counts a configuration reload (docs/behaviour.md §14).
     pub fn count_reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
         self.wake();
@@ -372,7 +373,7 @@ impl Metrics {
         self.reload_address_changes.get()
     }
 
-    /// Counts a purge through the admin API (SPEC §13).
+    /// Counts a purge through the admin API (docs/behaviour.md §13).
     pub fn count_purge(&self) {
         self.admin_purges.inc();
         self.wake();

@@ -287,8 +287,8 @@ fn request(host: &str, path: &str, key: Option<&str>) -> Result<Request<Full<Byt
 }
 
 /// The request of [`REQUEST_BODY`] with `key` as its `metadata.order_id` and no key
-/// header: a key source in the body (SPEC §9). The key is ASCII without quotes or
-/// backslashes, so it needs no JSON escaping.
+/// header: a key source in the body (docs/behaviour.md §9). The key is ASCII without
+/// quotes or backslashes, so it needs no JSON escaping.
 fn request_keyed_in_body(
     host: &str,
     path: &str,

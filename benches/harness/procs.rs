@@ -337,7 +337,8 @@ const PIPELINED: [&str; 1] = ["getrange"];
 
 /// `WAIT` (`store.min_replicas`) is a round trip, but one shared by the requests whose
 /// writes it covers (src/store/redis/replicas.rs): it is shown among the commands and
-/// left out of the SPEC §5 count, which is about the claim and the record.
+/// left out of the round-trip count (docs/behaviour.md §5), which is about the claim
+/// and the record.
 const SHARED: [&str; 1] = ["wait"];
 
 /// Round trips among top-level commands: every one but those pipelined behind another

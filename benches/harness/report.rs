@@ -83,7 +83,7 @@ impl Row {
             let want = scenario.redis_commands();
             if redis.round_trips.round() as u64 != want {
                 problems.push(format!(
-                    "{:.2} Redis round trips per request ({}), want {want} (SPEC §5)",
+                    "{:.2} Redis round trips per request ({}), want {want} (docs/behaviour.md §5)",
                     redis.round_trips,
                     if redis.commands.is_empty() {
                         "none"

@@ -139,7 +139,8 @@ pub(crate) async fn start(
             None => notes.push("idemgate-redis skipped: redis-server is not on PATH".to_owned()),
         }
     }
-    // SPEC §14: a master and its replica, and idemgate with `min_replicas: 1`.
+    // A master and its replica, and idemgate with `min_replicas: 1`
+    // (docs/behaviour.md §14).
     if wanted.contains(&TargetKind::RedisReplica) {
         match &redis_server {
             Some(redis) => {

@@ -1,5 +1,6 @@
-//! The admin key API (SPEC §13): `GET /keys/{id}` reports what is stored under a record
-//! id, `DELETE /keys/{id}` purges it so that the next retry executes again.
+//! The admin key API (docs/behaviour.md §13): `GET /keys/{id}` reports what is stored
+//! under a record id, `DELETE /keys/{id}` purges it so that the next retry executes
+//! again.
 //!
 //! An answer never holds the stored body, the stored headers, the raw key or a
 //! credential: only the record's state, status, sizes, fingerprint and times. The id
@@ -102,7 +103,8 @@ async fn serve<S: Store, B>(
     }
 }
 
-/// SPEC §13: with a token, only its bearer; without one, only on a loopback listener.
+/// With a token, only its bearer; without one, only on a loopback listener
+/// (docs/behaviour.md §13).
 fn authorize(
     token: Option<&AdminToken>,
     local: SocketAddr,
@@ -180,7 +182,8 @@ fn state_name(record: &Record) -> &'static str {
     }
 }
 
-/// The JSON of SPEC §13. Times a format 1 record did not keep are `null`.
+/// The inspection JSON (docs/behaviour.md §13). Times a format 1 record did not keep
+/// are `null`.
 fn describe(id: &str, found: &Inspection) -> serde_json::Value {
     let time = |ms: u64| {
         humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
@@ -229,7 +232,7 @@ fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
     response
 }
 
-/// In the shape `errors` gives every answer idemgate makes itself (SPEC §16).
+/// In the shape `errors` gives every answer idemgate makes itself (docs/behaviour.md §16).
 fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
     let problem = err.problem();
     let mut response = Response::new(Full::new(problem.body(errors)));

@@ -2,8 +2,8 @@
 //! that comments are never touched and a substituted value can never change the
 //! document's structure (a password containing `: ` or `#` stays one string).
 //!
-//! `$${` is a literal `${` (SPEC §15): a value can hold one, and `--check`, which
-//! prints every `${` of a value as `$${`, prints a file that loads back to the same
+//! `$${` is a literal `${` (docs/behaviour.md §15): a value can hold one, and `--check`,
+//! which prints every `${` of a value as `$${`, prints a file that loads back to the same
 //! configuration. Substituted values are not interpolated again.
 
 use serde_yaml::Value;

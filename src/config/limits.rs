@@ -1,5 +1,5 @@
-//! The size and depth limits of SPEC §15, checked on the text in one pass before the
-//! YAML parser sees it.
+//! The size and depth limits of a configuration (docs/behaviour.md §15), checked on the
+//! text in one pass before the YAML parser sees it.
 //!
 //! A configuration is a few levels deep and a few kilobytes long, but the parser's time
 //! grows with the square of the nesting of flow collections: libyaml's scanner walks

@@ -2,7 +2,7 @@
 //!
 //! Loading runs in four steps, each in its own file, so that every error can name the
 //! field it is about, after `limits` has refused a file too large or too deeply nested
-//! to be worth parsing (SPEC §15):
+//! to be worth parsing (docs/behaviour.md §15):
 //!
 //! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
 //! 2. `interp` replaces `${VAR}` in every string scalar (not in comments, which the
@@ -54,7 +54,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub log: LogConfig,
     pub shutdown_timeout: Duration,
-    /// How route prefixes compare with request paths (SPEC §15).
+    /// How route prefixes compare with request paths (docs/behaviour.md §15).
     pub route_match: RouteMatch,
     /// A connection that sends no complete request head this long is closed, before its
     /// protocol is known too; on the admin listener as well.
@@ -65,7 +65,7 @@ pub struct Config {
     pub workers: Workers,
     /// Request and response bodies held in memory at once, across all requests.
     pub max_buffered_bytes: u64,
-    /// The shape of the answers idemgate makes itself (SPEC §16).
+    /// The shape of the answers idemgate makes itself (docs/behaviour.md §16).
     pub errors: ErrorsConfig,
     /// What becomes of `%2F`, `%5C` and `\` in request paths.
     pub escaped_slashes: EscapedSlashes,
@@ -129,7 +129,7 @@ pub enum ErrorFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     Memory,
-    /// The durable embedded store (SPEC §12).
+    /// The durable embedded store (docs/behaviour.md §12).
     File,
     Redis,
 }
@@ -159,7 +159,8 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// File store: flush every commit to stable storage.
     pub fsync: bool,
-    /// Redis: find the master through these sentinels instead of `urls` (SPEC §14).
+    /// Redis: find the master through these sentinels instead of `urls`
+    /// (docs/behaviour.md §14).
     pub sentinel: Option<SentinelConfig>,
     /// Redis and Sentinel: replicas that must acknowledge a claim (`WAIT`) before it is
     /// forwarded, and a record before it is counted as replicated; 0 waits for none.
@@ -188,8 +189,8 @@ pub struct Route {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
-    /// The bearer token `/keys` requires (SPEC §13); without one, `/keys` answers only
-    /// on a loopback `listen`.
+    /// The bearer token `/keys` requires (docs/behaviour.md §13); without one, `/keys`
+    /// answers only on a loopback `listen`.
     pub token: Option<AdminToken>,
 }
 
@@ -243,8 +244,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// Larger than 1 MiB or nested deeper than 64 levels (SPEC §15): refused before
-    /// parsing, whose time grows with the square of the nesting.
+    /// Larger than 1 MiB or nested deeper than 64 levels (docs/behaviour.md §15): refused
+    /// before parsing, whose time grows with the square of the nesting.
     #[error("{location}: {message}")]
     Limit { location: String, message: String },
 }

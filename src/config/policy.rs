@@ -18,8 +18,9 @@
 //! - the printing ([`Policy::to_mapping`]), where `render_fn` takes `&TypedType`.
 //!
 //! Keys under `route_only` belong to routes alone (`idempotency` refuses them, so
-//! there they keep their default). The order of the keys is the order of SPEC §6, of
-//! the error messages that list the keys, and of `--check`.
+//! there they keep their default). The order of the keys is the order of the
+//! configuration file's description (docs/behaviour.md §6), of the error messages that
+//! list the keys, and of `--check`.
 
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ macro_rules! policy_keys {
         }
 
         impl Default for Policy {
-            /// The SPEC §6 defaults of the `idempotency` section.
+            /// The defaults of the `idempotency` section (docs/behaviour.md §6).
             fn default() -> Self {
                 Policy {
                     $($route_key: $route_default,)*
@@ -152,8 +153,8 @@ policy_keys! {
         enabled: bool = true, from Flag, show flag;
     }
     inherited {
-        /// Where the key comes from, in order (SPEC §9); `header: X` is written for
-        /// `key_from: [{header: X}]`.
+        /// Where the key comes from, in order (docs/behaviour.md §9); `header: X` is
+        /// written for `key_from: [{header: X}]`.
         key_from: Vec<KeySource> = vec![KeySource::Header(HeaderName::from_static(
             "idempotency-key",
         ))],
@@ -218,8 +219,8 @@ policy_keys! {
     }
 }
 
-/// The two spellings of a section's key sources (SPEC §9): `header: X` is shorthand for
-/// `key_from: [{header: X}]`, and a section writes one of them.
+/// The two spellings of a section's key sources (docs/behaviour.md §9): `header: X` is
+/// shorthand for `key_from: [{header: X}]`, and a section writes one of them.
 fn one_spelling<H, K>(
     header: &Option<H>,
     key_from: &Option<K>,
@@ -252,7 +253,8 @@ impl RawRoute {
 impl Policy {
     /// The policy's keys as YAML; for a route (`base` given) only those that differ
     /// from `base`, since the route inherits the rest. Sources that are one header are
-    /// printed in the short form, `header: X`, as SPEC §6 shows the default.
+    /// printed in the short form, `header: X`, as the default is written
+    /// (docs/behaviour.md §6).
     pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
         let keys = self.keys_to_mapping(base);
         let [KeySource::Header(name)] = self.key_from.as_slice() else {
@@ -278,7 +280,8 @@ impl Policy {
     }
 
     /// The record address of `key`, given by `source`, in a request with `headers`
-    /// (SPEC §3, §9): the one function the proxy and `idemgate key` address records with.
+    /// (docs/behaviour.md §3, §9): the one function the proxy and `idemgate key` address
+    /// records with.
     pub fn address(
         &self,
         headers: &HeaderMap,

@@ -1,7 +1,8 @@
 //! The effective configuration as YAML, for `--check`.
 //!
-//! Everything is printed, defaults included, in SPEC §6 order, so an operator sees
-//! what the proxy will actually do; the output parses back to an equal `Config`
+//! Everything is printed, defaults included, in the order of the configuration file's
+//! description (docs/behaviour.md §6), so an operator sees what the proxy will actually
+//! do; the output parses back to an equal `Config`
 //! (every `${` in a value printed as `$${`, which loads back as `${`) once the secrets,
 //! printed `***` and listed in a comment at the top, are filled in.
 //! The keys declared in `policy` and `sections` are printed by the `to_mapping` methods
@@ -308,7 +309,7 @@ pub(super) fn headers(list: &[HeaderName]) -> Value {
 }
 
 /// `idempotency-key` -> `Idempotency-Key`: header names are case-insensitive, and this
-/// is how SPEC and the IETF draft spell the request header.
+/// is how docs/behaviour.md and the IETF draft spell the request header.
 pub(super) fn header_name(name: &HeaderName) -> Value {
     display_name(name).into()
 }

@@ -44,7 +44,7 @@ macro_rules! section {
         }
 
         impl Default for $name {
-            /// The SPEC §6 defaults.
+            /// The defaults of the configuration file (docs/behaviour.md §6).
             fn default() -> Self {
                 $name {
                     $($key: $default,)*
@@ -92,14 +92,15 @@ section! {
         /// The authority is kept as written: no port means 80, or 443 for `https://`
         /// (`port_u16()` is `None`).
         /// A trailing `/` of the base path is removed, so the path is `/` or `/base`.
-        /// The default is a sidecar's neighbour: SPEC §6 lists http://127.0.0.1:9000.
+        /// The default is a sidecar's neighbour, http://127.0.0.1:9000
+        /// (docs/behaviour.md §6).
         url: Uri = Uri::from_static("http://127.0.0.1:9000/"),
             from UpstreamUrl, show upstream_url;
         connect_timeout: Duration = Duration::from_secs(2), from Dur, show duration;
         /// The whole upstream exchange.
         timeout: Duration = Duration::from_secs(30), from Dur, show duration;
-        /// Extra trust anchors and a client certificate for an `https://` URL (SPEC
-        /// §11), already read and parsed.
+        /// Extra trust anchors and a client certificate for an `https://` URL, already
+        /// read and parsed (docs/behaviour.md §11).
         tls: Option<UpstreamTls> = None, from RawTls, show tls::render;
     }
 

@@ -1,4 +1,5 @@
-//! `store.sentinel` and `store.min_replicas` (SPEC §14): Redis high availability.
+//! `store.sentinel` and `store.min_replicas` (docs/behaviour.md §14): Redis high
+//! availability.
 //!
 //! The two keys depend on the rest of `store` (neither goes with a cluster), so they are
 //! read here and checked by [`check`] once `build_store` knows whether the store is a
@@ -36,7 +37,7 @@ pub(super) struct RawSentinel {
 }
 
 /// The typed `store.sentinel`, its URLs checked as `store.url` is (only for `kind:
-/// redis`, as SPEC §8 allows keys that do not apply).
+/// redis`: keys that do not apply are allowed, docs/behaviour.md §8).
 pub(super) fn build(
     raw: RawSentinel,
     kind: StoreKind,

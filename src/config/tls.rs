@@ -1,7 +1,7 @@
-//! `upstream.tls` (SPEC §11): extra trust anchors and an optional client certificate,
-//! read and parsed while the file is deserialized, so that an unreadable or invalid PEM
-//! file is an error naming its key (`upstream.tls.ca_file: ...`) and `--check` reports
-//! it too. The proxy never reads these files again.
+//! `upstream.tls` (docs/behaviour.md §11): extra trust anchors and an optional client
+//! certificate, read and parsed while the file is deserialized, so that an unreadable or
+//! invalid PEM file is an error naming its key (`upstream.tls.ca_file: ...`) and
+//! `--check` reports it too. The proxy never reads these files again.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -209,7 +209,7 @@ pub fn client_config(
                 )
             })?,
     };
-    // HTTP/1.1 only, as over http:// (SPEC §11).
+    // HTTP/1.1 only, as over http:// (docs/behaviour.md §11).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }

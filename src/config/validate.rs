@@ -21,7 +21,7 @@ const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr:
 const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
-/// Where the file store lives unless `store.path` says otherwise (SPEC §12).
+/// Where the file store lives unless `store.path` says otherwise (docs/behaviour.md §12).
 const DEFAULT_FILE_PATH: &str = "/var/lib/idemgate";
 /// Completed records the memory and file stores keep before evicting the oldest.
 const DEFAULT_MAX_ENTRIES: usize = 100_000;
@@ -109,7 +109,7 @@ fn build_upstream(upstream: UpstreamConfig) -> Result<UpstreamConfig, ConfigErro
     Ok(upstream)
 }
 
-/// `format: template` needs a template that is JSON once filled in (SPEC §16).
+/// `format: template` needs a template that is JSON once filled in (docs/behaviour.md §16).
 fn build_errors(errors: ErrorsConfig) -> Result<ErrorsConfig, ConfigError> {
     if errors.format == ErrorFormat::Template {
         if errors.template.trim().is_empty() {
@@ -152,8 +152,8 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         _ => vec![("store.url".to_owned(), DEFAULT_REDIS_URL.to_owned())],
     };
     let cluster = explicit_cluster || urls.len() > 1;
-    // SPEC §8: keys that do not apply to the chosen kind are allowed, so a memory
-    // store does not look at its (unused) URLs.
+    // Keys that do not apply to the chosen kind are allowed (docs/behaviour.md §8), so a
+    // memory store does not look at its (unused) URLs.
     if kind == StoreKind::Redis {
         for (path, url) in &urls {
             check_redis_url(url, cluster).map_err(|msg| ConfigError::invalid(path, msg))?;
@@ -346,15 +346,16 @@ fn build_routes(
     Ok(routes)
 }
 
-/// The checks of SPEC §9 and §10 that involve two keys, on the merged policy, so that a
-/// route is refused for a combination it inherits half of too.
+/// The checks of key sources and fingerprints that involve two keys
+/// (docs/behaviour.md §9, §10), on the merged policy, so that a route is refused for a
+/// combination it inherits half of too.
 fn check_policy(policy: &Policy, section: &str) -> Result<(), ConfigError> {
     check_window(policy, section)?;
     check_fingerprint(policy, section)
 }
 
 /// A `fingerprint` source keeps its records for its window instead of `ttl`, and no
-/// longer (SPEC §9).
+/// longer (docs/behaviour.md §9).
 fn check_window(policy: &Policy, section: &str) -> Result<(), ConfigError> {
     for (index, source) in policy.key_from.iter().enumerate() {
         if let KeySource::Fingerprint(window) = source
@@ -374,7 +375,7 @@ fn check_window(policy: &Policy, section: &str) -> Result<(), ConfigError> {
 }
 
 /// `fingerprint_ignore` points into JSON, which `fingerprint_body: raw` never reads
-/// (SPEC §10).
+/// (docs/behaviour.md §10).
 fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> {
     if policy.fingerprint_body == BodyForm::Raw && !policy.fingerprint_ignore.is_empty() {
         return Err(ConfigError::invalid(

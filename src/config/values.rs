@@ -1,8 +1,8 @@
 //! Single values of the file, each parsed inside its own `Deserialize` so that an
 //! error carries the path `serde_path_to_error` recorded for it (`routes[1].ttl`).
 //!
-//! Each type accepts exactly what SPEC §6 and §8 allow and says what it found
-//! otherwise; `validate` only ever sees well-formed values.
+//! Each type accepts exactly what the file may hold (docs/behaviour.md §6, §8) and says
+//! what it found otherwise; `validate` only ever sees well-formed values.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -145,16 +145,17 @@ impl Visitor<'_> for ScalarVisitor {
     }
 }
 
-/// The longest duration any key takes (SPEC §15): ten years as humantime counts them
-/// (`10y`, 365.25 days each), printed `87660h`.
+/// The longest duration any key takes (docs/behaviour.md §15): ten years as humantime
+/// counts them (`10y`, 365.25 days each), printed `87660h`.
 ///
 /// No TTL, lease or timeout needs more, and the proxy adds each of them to
 /// `Instant::now()`, which panics on overflow: `lease: 18446744073709551615s` used to
 /// load and then kill every request task that computed its deadline.
 const MAX_DURATION: Duration = Duration::from_secs(10 * 31_557_600);
 
-/// The largest size any key takes (SPEC §15), 1 TiB (`1024GiB`): far above any body
-/// worth buffering, and far enough below `u64::MAX` that sums of sizes cannot overflow.
+/// The largest size any key takes (docs/behaviour.md §15), 1 TiB (`1024GiB`): far above
+/// any body worth buffering, and far enough below `u64::MAX` that sums of sizes cannot
+/// overflow.
 const MAX_SIZE: u64 = 1 << 40;
 
 /// The shortest duration any key takes. Redis counts TTLs in whole milliseconds
@@ -581,7 +582,8 @@ impl<'de> Deserialize<'de> for CookieName {
     }
 }
 
-/// `key_from` (SPEC §9): a non-empty list of sources, `fingerprint` only as the last.
+/// `key_from` (docs/behaviour.md §9): a non-empty list of sources, `fingerprint` only as
+/// the last.
 #[derive(Debug, Clone)]
 pub(super) struct KeyFrom(pub(super) Vec<KeySource>);
 

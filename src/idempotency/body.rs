@@ -1,6 +1,6 @@
 //! A guarded request's body, read whole: its bytes, and its JSON value parsed at most
-//! once, on first need, whether a `json` key source (SPEC §9) or a canonical
-//! fingerprint (SPEC §10) asks first.
+//! once, on first need, whether a `json` key source (docs/behaviour.md §9) or a canonical
+//! fingerprint (docs/behaviour.md §10) asks first.
 
 use std::cell::{Cell, OnceCell};
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The state machine of SPEC §4 for a claim that found an existing record.
+//! The state machine for a claim that found an existing record (docs/behaviour.md §4).
 //!
 //! ```text
 //! COMPLETED, same fingerprint            -> Replay (or NotReplayable if the body was too large)

@@ -1,4 +1,5 @@
-//! The request fingerprint: what makes a retry "the same request" (SPEC §3, §10).
+//! The request fingerprint: what makes a retry "the same request" (docs/behaviour.md §3,
+//! §10).
 
 use http::header::HeaderName;
 use http::{HeaderMap, Method};
@@ -36,7 +37,8 @@ pub struct FingerprintRules<'a> {
 }
 
 impl<'a> FingerprintRules<'a> {
-    /// The SPEC §3 fingerprint: query included, body bytes as sent.
+    /// The original fingerprint: query included, body bytes as sent
+    /// (docs/behaviour.md §3).
     pub const fn raw(headers: &'a [HeaderName]) -> Self {
         Self {
             headers,

@@ -1,11 +1,11 @@
-//! Key syntax (SPEC §8) and the scoped record address (SPEC §3, §9). Where a key is
-//! looked for is `source.rs`.
+//! Key syntax (docs/behaviour.md §8) and the scoped record address (docs/behaviour.md §3,
+//! §9). Where a key is looked for is `source.rs`.
 
 use http::HeaderMap;
 use http::header::{AUTHORIZATION, COOKIE, HeaderName};
 use sha2::{Digest, Sha256};
 
-/// Longest key accepted, in characters (SPEC §2).
+/// Longest key accepted, in characters (docs/behaviour.md §2).
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key: 1 to 255 visible ASCII characters, no comma.
@@ -13,8 +13,8 @@ pub const MAX_KEY_LEN: usize = 255;
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    /// The key of a request keyed by its own fingerprint (SPEC §9 `fingerprint`): the
-    /// digest in hex, 64 characters.
+    /// The key of a request keyed by its own fingerprint (docs/behaviour.md §9
+    /// `fingerprint`): the digest in hex, 64 characters.
     pub fn from_digest(digest: &[u8; 32]) -> Self {
         Self(hex(digest))
     }
@@ -25,7 +25,7 @@ impl IdempotencyKey {
     }
 }
 
-/// The key is never printed: logs must not carry raw keys (SPEC §3).
+/// The key is never printed: logs must not carry raw keys (docs/behaviour.md §3).
 impl std::fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("IdempotencyKey(..)")
@@ -74,7 +74,7 @@ pub fn parse_value(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
 }
 
 /// Takes a value as it is, quotes included: query and JSON values, which have their
-/// own quoting (SPEC §9).
+/// own quoting (docs/behaviour.md §9).
 pub fn parse_plain(raw: &[u8]) -> Result<IdempotencyKey, KeyError> {
     checked(raw.to_vec())
 }
@@ -125,7 +125,7 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
 pub struct ScopedKey([u8; 32]);
 
 /// What scopes a key besides the key itself: a policy's `scope_headers` and
-/// `scope_cookies` (SPEC §3, §15).
+/// `scope_cookies` (docs/behaviour.md §3, §15).
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     pub headers: &'a [HeaderName],
@@ -150,9 +150,10 @@ impl Scope<'_> {
     }
 }
 
-/// The label of the SPEC §3 source, the `Idempotency-Key` header. Its records keep the
-/// address they had before key sources existed, so that an upgrade in the middle of a
-/// key's life does not execute its retry again; every other source enters the hash.
+/// The label of the original source, the `Idempotency-Key` header
+/// (docs/behaviour.md §3). Its records keep the address they had before key sources
+/// existed, so that an upgrade in the middle of a key's life does not execute its retry
+/// again; every other source enters the hash.
 pub const DEFAULT_SOURCE: &str = "header:idempotency-key";
 
 impl ScopedKey {
@@ -541,7 +542,8 @@ mod tests {
                 assert_ne!(at(a), at(b), "{a} and {b}");
             }
         }
-        // The default source keeps the SPEC §3 address records had before sources.
+        // The default source keeps the address records had before sources
+        // (docs/behaviour.md §3).
         assert_eq!(
             at(DEFAULT_SOURCE),
             ScopedKey::new(&hs, &[AUTHORIZATION], &k)

@@ -1,5 +1,5 @@
-//! RFC 6901 JSON Pointers: the parts of a JSON body that a key source reads (SPEC §9)
-//! and that a fingerprint leaves out (SPEC §10).
+//! RFC 6901 JSON Pointers: the parts of a JSON body that a key source reads
+//! (docs/behaviour.md §9) and that a fingerprint leaves out (docs/behaviour.md §10).
 
 use std::cmp::Ordering;
 

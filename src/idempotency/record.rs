@@ -13,9 +13,9 @@
 //!             len, value; then u32 body len, body (raw bytes)
 //! ```
 //!
-//! Format 2 adds the times the admin API reports (SPEC §13); records of format 1,
-//! written before it, still load, without them. A record is written in format 2 when
-//! it has its times, which every record made by this version has.
+//! Format 2 adds the times the admin API reports (docs/behaviour.md §13); records of
+//! format 1, written before it, still load, without them. A record is written in format 2
+//! when it has its times, which every record made by this version has.
 //!
 //! The fixed offsets of the in-flight marker let the Redis store's Lua scripts check the
 //! owner token without decoding anything else.
@@ -39,7 +39,7 @@ pub const IN_FLIGHT_LEN: usize = 58;
 pub const TOKEN_RANGE: std::ops::Range<usize> = 34..50;
 
 /// A random value naming one claim. Complete, release and renew succeed only for the
-/// holder of the current token (fencing, SPEC §4).
+/// holder of the current token (fencing, docs/behaviour.md §4).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
 

@@ -1,5 +1,5 @@
-//! Where a request's key comes from (SPEC §9): an ordered list of sources, the first
-//! one present giving the key.
+//! Where a request's key comes from (docs/behaviour.md §9): an ordered list of sources,
+//! the first one present giving the key.
 //!
 //! ```text
 //! for each source, in order:

@@ -1,5 +1,6 @@
-//! Claiming a key (SPEC §4): claim, [`decide`] on what is there, wait or take over, and
-//! again, until this request owns the key, has a record to replay, or is refused.
+//! Claiming a key (docs/behaviour.md §4): claim, [`decide`] on what is there, wait or
+//! take over, and again, until this request owns the key, has a record to replay, or is
+//! refused.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +62,7 @@ pub(crate) async fn claim<S: Store>(
             Ok(Claim::Existing { record, now_ms }) => (record, now_ms),
             Err(err) => {
                 // Timed out: our marker may have been written all the same. Unreplicated:
-                // it was, and is not to be forwarded (SPEC §14).
+                // it was, and is not to be forwarded (docs/behaviour.md §14).
                 if matches!(
                     err,
                     StoreError::Timeout(_) | StoreError::Unreplicated { .. }
@@ -147,7 +148,7 @@ async fn take_over<S: Store>(
     }
 }
 
-/// The record of a key whose owner crashed before recording (SPEC §4).
+/// The record of a key whose owner crashed before recording (docs/behaviour.md §4).
 pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
     let problem = ProxyError::OutcomeUnknown {
         cause: UnknownCause::LeaseExpired,
@@ -157,8 +158,8 @@ pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) 
     problem_record(&problem, errors, fingerprint)
 }
 
-/// SPEC §8 "Orphaned claims": a call that timed out may still have been written. Once
-/// the store answers again, `job` settles the marker if it is still ours.
+/// Orphaned claims (docs/behaviour.md §8): a call that timed out may still have been
+/// written. Once the store answers again, `job` settles the marker if it is still ours.
 fn orphaned<S: Store>(
     state: &Arc<AppState<S>>,
     policy: &Policy,

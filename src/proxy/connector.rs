@@ -1,6 +1,6 @@
 //! The connector of the upstream client: TCP through hyper-util's `HttpConnector`
 //! (which resolves the host name each time a connection is opened), then, for an
-//! `https://` URL, a TLS handshake through tokio-rustls (SPEC §11).
+//! `https://` URL, a TLS handshake through tokio-rustls (docs/behaviour.md §11).
 //!
 //! Ours rather than hyper-rustls: tokio-rustls and rustls-native-certs are already built
 //! for redis, and this is the one small service hyper-rustls would add.

@@ -1,10 +1,10 @@
 //! Work that must finish even if the request that started it is dropped.
 //!
 //! A client that disconnects makes hyper drop the request's future. The forward and the
-//! recording must still run to the end (SPEC §4), so they are wrapped in [`Detached`]:
-//! it runs as part of the request's own task, and only if it is dropped unfinished does
-//! it hand the rest to a new task. Spawning every exchange up front would cost a task
-//! hand-off and a worker wake-up per request, on the hot path.
+//! recording must still run to the end (docs/behaviour.md §4), so they are wrapped in
+//! [`Detached`]: it runs as part of the request's own task, and only if it is dropped
+//! unfinished does it hand the rest to a new task. Spawning every exchange up front would
+//! cost a task hand-off and a worker wake-up per request, on the hot path.
 
 use std::future::Future;
 use std::pin::Pin;

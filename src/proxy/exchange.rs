@@ -2,8 +2,9 @@
 //!
 //! [`execute`] runs the exchange as part of the request, and on a task of its own if
 //! the client goes away first ([`Detached`]): a client that disconnects cancels neither
-//! the exchange nor the recording (SPEC §4), and a retry always finds the outcome. The
-//! outcome is counted there too, through [`finish`], whether or not anyone hears it.
+//! the exchange nor the recording (docs/behaviour.md §4), and a retry always finds the
+//! outcome. The outcome is counted there too, through [`finish`], whether or not anyone
+//! hears it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -167,7 +168,8 @@ fn kept(capped: Capped<Incoming>) -> (StoredBody, ProxyBody) {
     }
 }
 
-/// The exchange failed: settle the key as SPEC §4 says, and answer with the failure.
+/// The exchange failed: settle the key as its life says (docs/behaviour.md §4), and
+/// answer with the failure.
 async fn failed<S: Store>(
     state: &AppState<S>,
     lease: LeaseGuard<S>,

@@ -1,8 +1,8 @@
-//! One request, start to end, in the order of SPEC §2–§4. [`handle`] picks the policy;
-//! a request it does not guard streams through; a guarded one is keyed, buffered and
-//! fingerprinted here, claimed in `claim.rs`, then forwarded and recorded in
-//! `exchange.rs` or answered from what the claim found. Every answer, error or not, is
-//! counted once, by `reply::finish`.
+//! One request, start to end, in the order of its life (docs/behaviour.md §2–§4).
+//! [`handle`] picks the policy; a request it does not guard streams through; a guarded
+//! one is keyed, buffered and fingerprinted here, claimed in `claim.rs`, then forwarded
+//! and recorded in `exchange.rs` or answered from what the claim found. Every answer,
+//! error or not, is counted once, by `reply::finish`.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -91,7 +91,7 @@ enum Next {
     },
 }
 
-/// Which of the ways of SPEC §2 a request takes.
+/// Whether a request is guarded or passed through (docs/behaviour.md §2).
 async fn route<S: Store, B: RequestBody>(
     state: &Arc<AppState<S>>,
     live: &Live,
@@ -316,10 +316,11 @@ async fn store_unavailable<S: Store>(
 ) -> Result<Reply, ProxyError> {
     match state.config.store.on_unavailable {
         // A memory store full of in-flight markers is working, not down: forwarding
-        // unguarded would let duplicates of those very requests through (SPEC §8). A
-        // record this version cannot read (a newer format, a damaged value) is still a
-        // record: the key is taken, and forwarding could execute it twice. A claim too
-        // few replicas hold was written: it is never forwarded (SPEC §14).
+        // unguarded would let duplicates of those very requests through
+        // (docs/behaviour.md §8). A record this version cannot read (a newer format, a
+        // damaged value) is still a record: the key is taken, and forwarding could
+        // execute it twice. A claim too few replicas hold was written: it is never
+        // forwarded (docs/behaviour.md §14).
         _ if matches!(
             err,
             StoreError::Full | StoreError::Corrupt(_) | StoreError::Unreplicated { .. }
@@ -379,7 +380,7 @@ async fn forward_unguarded<S: Store>(
             )))
         }
         Ok(response) => Ok(response.map(ProxyBody::stream)),
-        // Not guarded: counted apart from the guarded outcomes (SPEC §16).
+        // Not guarded: counted apart from the guarded outcomes (docs/behaviour.md §16).
         Err(failure) => Err(ProxyError::PassThroughFailed(Box::new(failure.into()))),
     }
 }
@@ -400,9 +401,9 @@ pub enum RecordIdError {
 }
 
 /// The record id (`key_prefix` + 64 hex) a request with this method, path, headers and
-/// key would use (SPEC §13): the path picks the policy as for a request, the key is
-/// read as its first source reads it, and the address is [`Policy::address`], as in
-/// [`handle`].
+/// key would use (docs/behaviour.md §13): the path picks the policy as for a request, the
+/// key is read as its first source reads it, and the address is [`Policy::address`], as
+/// in [`handle`].
 pub fn record_id(
     config: &crate::config::Config,
     method: &http::Method,
@@ -427,7 +428,7 @@ pub fn record_id(
         .first()
         .expect("key_from is never empty: checked when the configuration loads");
     let key = match source {
-        // The sf-string spelling is a header's (SPEC §9).
+        // The sf-string spelling is a header's (docs/behaviour.md §9).
         KeySource::Header(_) => parse_value(key.as_bytes()),
         _ => parse_plain(key.as_bytes()),
     }

@@ -1,7 +1,8 @@
 //! A claim's lease, from its acquisition to its end. [`LeaseGuard`] renews it while the
 //! exchange works, then completes or releases it; what the store refuses meanwhile is
 //! retried by [`in_background`], the one bounded retry-with-jitter loop: a failed
-//! recording, a failed release, and the orphans of calls that timed out (SPEC §8).
+//! recording, a failed release, and the orphans of calls that timed out
+//! (docs/behaviour.md §8).
 
 use std::future::Future;
 use std::pin::pin;
@@ -90,7 +91,7 @@ impl<S: Store> LeaseGuard<S> {
 
     /// Records the outcome before the answer is sent, ending the lease. A store failure
     /// does not hold the client back: the recording is retried in the background until
-    /// the lease would end (SPEC §5).
+    /// the lease would end (docs/behaviour.md §5).
     pub(crate) async fn complete(self, record: Completed, ttl: Duration) -> Outcome {
         let now = self.state.store.clock_ms();
         let record = Arc::new(stamped(record, &self.lease, now));
@@ -151,10 +152,10 @@ pub(crate) enum Job {
     },
 }
 
-/// `record` with the times the admin API reports (SPEC §13): its claim's, and `now_ms`
-/// on the store's clock (which its expiry is counted on).
-/// Stamped once, before the first attempt, so that a repeated attempt writes the same
-/// bytes (and finds them landed).
+/// `record` with the times the admin API reports (docs/behaviour.md §13): its claim's,
+/// and `now_ms` on the store's clock (which its expiry is counted on). Stamped once,
+/// before the first attempt, so that a repeated attempt writes the same bytes (and finds
+/// them landed).
 pub(crate) fn stamped(record: Completed, lease: &Lease, now_ms: u64) -> Completed {
     Completed {
         times: Some(Times {

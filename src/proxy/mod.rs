@@ -58,9 +58,10 @@ pub use workers::{WorkerError, bind_workers, serve_workers};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PolicyId(Option<usize>);
 
-/// What a reload replaces (SPEC §14): the configuration requests start under, and the
-/// upstream clients built from its `upstream` section. A request takes one `Live` when
-/// it starts and keeps it to the end, so it finishes under the policy it started with.
+/// What a reload replaces (docs/behaviour.md §14): the configuration requests start
+/// under, and the upstream clients built from its `upstream` section. A request takes one
+/// `Live` when it starts and keeps it to the end, so it finishes under the policy it
+/// started with.
 #[derive(Debug)]
 pub struct Live {
     pub config: Arc<Config>,
@@ -157,10 +158,10 @@ impl<S: Store> AppState<S> {
         self.live.load_full()
     }
 
-    /// Puts `config` in force for new requests (SPEC §14), after `reload::check`
-    /// accepted it. The upstream client is kept when `upstream` did not change; when it
-    /// did, the old client goes with the last request that holds it, and its idle
-    /// connections with it.
+    /// Puts `config` in force for new requests (docs/behaviour.md §14), after
+    /// `reload::check` accepted it. The upstream client is kept when `upstream` did not
+    /// change; when it did, the old client goes with the last request that holds it, and
+    /// its idle connections with it.
     pub fn apply(&self, config: Config) {
         let current = self.live.load();
         let live = if config.upstream == current.config.upstream {
@@ -211,11 +212,12 @@ pub async fn serve<S: Store>(
             accepted = accept(&listener) => accepted,
             () = &mut shutdown => break,
         };
-        // Past `max_connections`, connections wait in the listen backlog (SPEC §15). The
-        // limit is shared by the workers, so a connection is accepted before it waits
-        // for its place: a worker holding a place while it waits for a connection that
-        // the kernel gave another worker would leave that one unserved below the limit.
-        // Each worker holds at most this one connection unserved.
+        // Past `max_connections`, connections wait in the listen backlog
+        // (docs/behaviour.md §15). The limit is shared by the workers, so a connection is
+        // accepted before it waits for its place: a worker holding a place while it waits
+        // for a connection that the kernel gave another worker would leave that one
+        // unserved below the limit. Each worker holds at most this one connection
+        // unserved.
         let permit = tokio::select! {
             permit = Arc::clone(&state.connections).acquire_owned() => permit,
             () = &mut shutdown => break,
@@ -258,7 +260,7 @@ pub async fn serve<S: Store>(
         worker = crate::worker::index(),
         "shutting down: listener closed, finishing in-flight requests"
     );
-    // A reload may have changed it (SPEC §14).
+    // A reload may have changed it (docs/behaviour.md §14).
     let limit = state.live().config.shutdown_timeout;
     let until = tokio::time::Instant::now() + limit;
     state.tasks.close();

@@ -1,6 +1,7 @@
-//! Reloading the configuration on SIGHUP (SPEC §14). The file is read and checked in
-//! full, then swapped in whole for new requests ([`AppState::apply`]); requests already
-//! in flight keep the configuration they started with, and no connection is dropped.
+//! Reloading the configuration on SIGHUP (docs/behaviour.md §14). The file is read and
+//! checked in full, then swapped in whole for new requests ([`AppState::apply`]);
+//! requests already in flight keep the configuration they started with, and no connection
+//! is dropped.
 //!
 //! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
 //! `log.level`, `admin.token` (read by the admin listener per request), `route_match`,
@@ -32,8 +33,8 @@ pub enum ReloadError {
 type Same = fn(&Config, &Config) -> bool;
 
 /// The keys a running proxy cannot change, each with how to read it: the listeners,
-/// the store and the log format (SPEC §14), and what the accept loop and the answers
-/// were built with at start-up.
+/// the store and the log format (docs/behaviour.md §14), and what the accept loop and the
+/// answers were built with at start-up.
 const RESTART_ONLY: [(&str, Same); 10] = [
     ("listen", |a, b| a.listen == b.listen),
     ("admin.listen", |a, b| a.admin.listen == b.admin.listen),

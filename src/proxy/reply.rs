@@ -70,7 +70,7 @@ pub(crate) fn finish<S>(state: &AppState<S>, result: Result<Reply, ProxyError>) 
 
 /// A stored response, sent again. `Date` and `Content-Length` are made anew by hyper.
 /// A recorded status of 500 or more cannot change either: it carries the policy's
-/// `replay_error_headers`, so that SDKs stop retrying it (SPEC §16).
+/// `replay_error_headers`, so that SDKs stop retrying it (docs/behaviour.md §16).
 pub(crate) fn replay_response(completed: &Completed, policy: &Policy) -> Response<ProxyBody> {
     let body = match &completed.body {
         StoredBody::Stored(body) => ProxyBody::full(body.clone()),

@@ -54,7 +54,7 @@ const POOL_IDLE: Duration = Duration::from_secs(30);
 /// execute it twice; every other failure is reported to us.
 ///
 /// For an `https://` upstream the server certificate is verified against the system
-/// store plus `upstream.tls.ca_file` (SPEC §11); the TLS handshake has
+/// store plus `upstream.tls.ca_file` (docs/behaviour.md §11); the TLS handshake has
 /// `connect_timeout` too.
 ///
 /// One client, each with its own pool, for each of `workers` workers (a pooled

@@ -1,6 +1,6 @@
-//! The durable embedded store (SPEC §12): one process, no Redis, keys that survive a
-//! restart and a `kill -9`. Built on redb (one file, copy-on-write B-tree, checksummed
-//! commits): see the README for why redb rather than fjall.
+//! The durable embedded store (docs/behaviour.md §12): one process, no Redis, keys that
+//! survive a restart and a `kill -9`. Built on redb (one file, copy-on-write B-tree,
+//! checksummed commits): see the README for why redb rather than fjall.
 //!
 //! - Reads (a replay, a duplicate finding a marker) are served on the caller's thread
 //!   from a read transaction, which sees only committed data.

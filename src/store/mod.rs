@@ -84,7 +84,7 @@ pub struct Lease {
     pub claimed_at_ms: u64,
 }
 
-/// What is stored under a key, as the admin API reports it (SPEC §13).
+/// What is stored under a key, as the admin API reports it (docs/behaviour.md §13).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inspection {
     pub record: Record,
@@ -94,7 +94,7 @@ pub struct Inspection {
     pub now_ms: u64,
 }
 
-/// What a purge did (SPEC §13).
+/// What a purge did (docs/behaviour.md §13).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Purged {
     /// The record or marker that was there is gone.
@@ -136,9 +136,9 @@ pub enum StoreError {
     Protocol(&'static str),
     #[error("the store returned a record that cannot be decoded")]
     Corrupt(#[source] crate::idempotency::record::DecodeError),
-    /// `store.min_replicas` (SPEC §14): the claim was written, but fewer replicas than
-    /// asked acknowledged it in time, so a failover could lose it. It must not be
-    /// forwarded, whatever `on_unavailable` says, and is released.
+    /// `store.min_replicas` (docs/behaviour.md §14): the claim was written, but fewer
+    /// replicas than asked acknowledged it in time, so a failover could lose it. It must
+    /// not be forwarded, whatever `on_unavailable` says, and is released.
     #[error("only {acked} of the {wanted} replicas asked for acknowledged the claim in time")]
     Unreplicated { acked: u32, wanted: u32 },
 }

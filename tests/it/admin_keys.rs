@@ -1,4 +1,4 @@
-//! The admin key API (SPEC §13) over real sockets, on every store kind: what
+//! The admin key API (docs/behaviour.md §13) over real sockets, on every store kind: what
 //! `GET /keys/{id}` reports, what `DELETE /keys/{id}` removes and refuses, the fencing of
 //! a forcibly purged request, and who may ask.
 
@@ -45,7 +45,8 @@ fn assert_problem(resp: &Resp, status: u16, slug: &str) {
     assert_eq!(resp.problem(), slug, "{}", resp.text());
 }
 
-/// Everything of SPEC §13 that does not depend on the store kind, run on each.
+/// Everything of the key API that does not depend on the store kind, run on each
+/// (docs/behaviour.md §13).
 async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     let client = proxy.client();
     let admin = proxy.admin().await;
@@ -568,8 +569,8 @@ async fn a_record_from_before_times_were_kept_is_reported_and_purged() {
     assert_eq!(up.count(), 1, "the purged key executed");
 }
 
-/// SPEC §16: with `errors.format: template`, the key API's problems take the template's
-/// shape too, statuses and headers unchanged.
+/// With `errors.format: template`, the key API's problems take the template's shape too,
+/// statuses and headers unchanged (docs/behaviour.md §16).
 #[tokio::test]
 async fn admin_problems_follow_the_error_template() {
     let up = Upstream::start().await;

@@ -1,5 +1,6 @@
-//! Answers that clients' retry logic understands (SPEC §16): replay hints, the error
-//! shape of a legacy API, and metrics that tell guarded from pass-through failures.
+//! Answers that clients' retry logic understands (docs/behaviour.md §16): replay hints,
+//! the error shape of a legacy API, and metrics that tell guarded from pass-through
+//! failures.
 
 use crate::support;
 

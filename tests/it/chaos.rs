@@ -1,6 +1,6 @@
-//! Chaos (SPEC §4 "Claim is atomic", "Lease", "Fencing"; §5 store timeouts): two
-//! idemgate binaries share one Redis in front of an upstream that is slow at random and
-//! sometimes drops the connection after doing the work. Sixteen clients retry every
+//! Chaos (docs/behaviour.md §4 "Claim is atomic", "Lease", "Fencing"; §5 store timeouts):
+//! two idemgate binaries share one Redis in front of an upstream that is slow at random
+//! and sometimes drops the connection after doing the work. Sixteen clients retry every
 //! operation with its key, alternating replicas, while replica A is SIGKILLed and
 //! restarted and Redis is frozen with SIGSTOP. At the end the upstream's own log and
 //! every answer any client saw must show: at most one execution per key and scope, one

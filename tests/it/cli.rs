@@ -1,5 +1,5 @@
-//! The `idemgate` binary from the outside (SPEC §1 and §8): `--check`, the config file
-//! and its environment variable, `--upstream`/`--listen`, and SIGTERM.
+//! The `idemgate` binary from the outside (docs/behaviour.md §1 and §8): `--check`, the
+//! config file and its environment variable, `--upstream`/`--listen`, and SIGTERM.
 
 use crate::support;
 
@@ -76,8 +76,8 @@ async fn check_output_is_a_config_file_that_checks_to_itself() {
     assert_eq!(second.stdout, first.stdout);
 }
 
-/// SPEC §15: a `${` in a value (here from a variable) is printed `$${`, so the output
-/// still checks to itself, with no variable set.
+/// A `${` in a value (here from a variable) is printed `$${`, so the output still checks
+/// to itself, with no variable set (docs/behaviour.md §15).
 #[tokio::test]
 async fn check_output_keeps_a_dollar_brace_from_the_environment() {
     let file = TempConfig::new(&format!(
@@ -207,7 +207,7 @@ async fn idemgate_config_names_the_file_like_config_does() {
 #[tokio::test]
 async fn upstream_and_listen_serve_a_replay_then_sigterm_exits_0() {
     let upstream = Upstream::start().await;
-    // No file: the memory store and every default (SPEC §1).
+    // No file: the memory store and every default (docs/behaviour.md §1).
     let mut proxy = Running::start(&["--upstream", &upstream.url()]).await;
     let client = TestClient::new(proxy.addr);
 
@@ -382,8 +382,9 @@ async fn await_reloads(admin: &TestClient, result: &str, proxy: &Running) {
     }
 }
 
-/// SPEC §14: SIGHUP re-reads the file; a good one applies to new requests without a
-/// restart or a dropped connection, a bad one is logged naming the field and counted.
+/// SIGHUP re-reads the file (docs/behaviour.md §14); a good one applies to new requests
+/// without a restart or a dropped connection, a bad one is logged naming the field and
+/// counted.
 #[tokio::test]
 async fn sighup_reloads_the_file_and_a_bad_one_changes_nothing() {
     let upstream = Upstream::start().await;

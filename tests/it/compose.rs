@@ -317,7 +317,8 @@ async fn health_checks_pass_against_live_services_and_fail_otherwise() {
     proxy.stop().await;
 }
 
-/// SPEC §12 in a container: the file store's directory outlives the container.
+/// The file store in a container: its directory outlives the container
+/// (docs/behaviour.md §12).
 #[test]
 fn the_image_declares_the_file_stores_directory_as_a_volume() {
     let dockerfile = read("Dockerfile");

@@ -1,5 +1,6 @@
 //! Concurrent duplicates, disconnecting clients and shutdown on the memory store
-//! (SPEC §4, §8): one execution, `on_concurrent` reject and wait, graceful drain.
+//! (docs/behaviour.md §4, §8): one execution, `on_concurrent` reject and wait, graceful
+//! drain.
 
 use crate::support;
 

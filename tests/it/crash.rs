@@ -1,7 +1,8 @@
-//! A proxy killed at an exact moment (SPEC §4 "Lease", issue: SIGKILL after forwarding):
-//! on the Redis store, a retry through another or a restarted replica gets 409 until the
-//! lease ends, then the `on_unknown_outcome` result, and never a silent second
-//! execution under `record`. Needs the `failpoints` feature (scripts/test.sh sets it).
+//! A proxy killed at an exact moment (docs/behaviour.md §4 "Lease", issue: SIGKILL after
+//! forwarding): on the Redis store, a retry through another or a restarted replica gets
+//! 409 until the lease ends, then the `on_unknown_outcome` result, and never a silent
+//! second execution under `record`. Needs the `failpoints` feature (scripts/test.sh sets
+//! it).
 
 use crate::support;
 

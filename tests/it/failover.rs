@@ -1,10 +1,11 @@
-//! What a Sentinel failover loses (issue 14, SPEC §14), measured on real processes: a
-//! master, a replica and three sentinels on free 127.0.0.1 ports. The replica follows the
-//! master through a relay that delays the replication stream by [`REPLICATION_LAG`], as a
-//! link between zones does; the master is killed under a steady load of keyed requests
-//! that clients retry, the link dies with it (what it still carried is lost), the
-//! replica is promoted, and the old master comes back as its replica. Then every key is
-//! retried once more, and the upstream's executions are counted per key.
+//! What a Sentinel failover loses (issue 14; docs/behaviour.md §14), measured on real
+//! processes: a master, a replica and three sentinels on free 127.0.0.1 ports. The
+//! replica follows the master through a relay that delays the replication stream by
+//! [`REPLICATION_LAG`], as a link between zones does; the master is killed under a steady
+//! load of keyed requests that clients retry, the link dies with it (what it still
+//! carried is lost), the replica is promoted, and the old master comes back as its
+//! replica. Then every key is retried once more, and the upstream's executions are
+//! counted per key.
 //!
 //! With `min_replicas: 1` no key may execute twice. With `min_replicas: 0` the keys whose
 //! claim the master acknowledged but the replica never got execute again: that is the

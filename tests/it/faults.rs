@@ -1,8 +1,8 @@
-//! Network faults on real sockets (SPEC §4, §5, §8): a relay between idemgate and its
-//! upstream or its Redis cuts, stalls, slows down and resets connections; raw TCP
-//! upstreams pin what hyper's pooled client retries on its own; raw bytes probe the
-//! proxy's HTTP parser. Each test fails if the at-most-once promise or an answer of
-//! SPEC §7 breaks.
+//! Network faults on real sockets (docs/behaviour.md §4, §5, §8): a relay between
+//! idemgate and its upstream or its Redis cuts, stalls, slows down and resets
+//! connections; raw TCP upstreams pin what hyper's pooled client retries on its own; raw
+//! bytes probe the proxy's HTTP parser. Each test fails if the at-most-once promise or an
+//! answer of the status table (docs/behaviour.md §7) breaks.
 
 use crate::support;
 
@@ -409,7 +409,7 @@ async fn a_slow_redis_is_503_within_the_store_timeout_and_recovers() {
 
     relay.set(Fault::Delay(Duration::from_millis(600)));
     for key in ["slow", "warm"] {
-        // A replay needs the store as much as a first request does (SPEC §8).
+        // A replay needs the store as much as a first request does (docs/behaviour.md §8).
         let r = c.post("/charges", key, "{}").await;
         assert_problem(&r, 503, "store-unavailable");
         assert!(r.headers.contains_key("retry-after"));

@@ -1,6 +1,6 @@
-//! The file store across `kill -9` (SPEC §12 "Crash and restart"): the real binary is
-//! killed at an exact moment (the crash points of `failpoint.rs`) or at a random one,
-//! restarted on the same `path`, and a retry either replays or gets `502
+//! The file store across `kill -9` (docs/behaviour.md §12 "Crash and restart"): the real
+//! binary is killed at an exact moment (the crash points of `failpoint.rs`) or at a
+//! random one, restarted on the same `path`, and a retry either replays or gets `502
 //! outcome-unknown`. The upstream, a real one on a socket, counts executions per key:
 //! never two. Needs the `failpoints` feature (scripts/test.sh sets it).
 

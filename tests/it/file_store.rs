@@ -1,6 +1,6 @@
-//! `store.kind: file` from the outside (SPEC §12): keys that survive a restart of the
-//! binary, readiness and metrics, and every refusal: exit 1, an error naming the path,
-//! the data left as it was.
+//! `store.kind: file` from the outside (docs/behaviour.md §12): keys that survive a
+//! restart of the binary, readiness and metrics, and every refusal: exit 1, an error
+//! naming the path, the data left as it was.
 
 use crate::support;
 

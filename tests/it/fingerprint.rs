@@ -1,5 +1,5 @@
-//! What the fingerprint covers, over real sockets (SPEC §10): canonical JSON bodies
-//! with ignored members, and a fingerprint without the query string.
+//! What the fingerprint covers, over real sockets (docs/behaviour.md §10): canonical JSON
+//! bodies with ignored members, and a fingerprint without the query string.
 
 use crate::support;
 

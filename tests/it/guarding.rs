@@ -1,4 +1,4 @@
-//! Which requests are guarded and what reaches the upstream (SPEC §2, §4 Forwarding,
+//! Which requests are guarded and what reaches the upstream (docs/behaviour.md §2, §4,
 //! §8): pass-through, bad keys and bodies, routes, header rewriting, hostile clients.
 
 use crate::support;

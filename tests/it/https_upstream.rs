@@ -1,6 +1,7 @@
-//! HTTPS upstreams (SPEC §11): the server certificate is verified against the system
-//! store plus `upstream.tls.ca_file`, a client certificate is presented for mutual TLS,
-//! and a failed handshake is `502 upstream-unreachable` with the claim released.
+//! HTTPS upstreams (docs/behaviour.md §11): the server certificate is verified against
+//! the system store plus `upstream.tls.ca_file`, a client certificate is presented for
+//! mutual TLS, and a failed handshake is `502 upstream-unreachable` with the claim
+//! released.
 
 use crate::support;
 
@@ -356,8 +357,8 @@ fn check_prints_the_tls_paths_and_round_trips() {
     assert_eq!(config(&printed).expect("printed config loads"), loaded);
 }
 
-/// An upgrade passes through over `https://` as over `http://` (SPEC §11): after `101`
-/// the client connection is joined to the TLS connection byte for byte.
+/// An upgrade passes through over `https://` as over `http://` (docs/behaviour.md §11):
+/// after `101` the client connection is joined to the TLS connection byte for byte.
 #[tokio::test]
 async fn an_upgrade_is_joined_over_https() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

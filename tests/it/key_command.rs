@@ -1,5 +1,5 @@
-//! `idemgate key` (SPEC §13): the id it prints is the one the proxy stored the record
-//! under, read back from a real Redis, for every kind of key source and scope.
+//! `idemgate key` (docs/behaviour.md §13): the id it prints is the one the proxy stored
+//! the record under, read back from a real Redis, for every kind of key source and scope.
 
 use crate::support;
 

@@ -1,5 +1,5 @@
-//! Where the key comes from (SPEC §9), over real sockets: header, query and JSON body
-//! sources in order, the fingerprint as a last resort, the source in the record
+//! Where the key comes from (docs/behaviour.md §9), over real sockets: header, query and
+//! JSON body sources in order, the fingerprint as a last resort, the source in the record
 //! address, and keyless requests forwarded byte for byte.
 
 use crate::support;
@@ -13,7 +13,7 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 /// A client's credential: without one, a fingerprint key is not used.
 const ME: (&str, &str) = ("authorization", "Bearer me");
 
-/// Every kind of source, in the order of SPEC §9's example.
+/// Every kind of source, in the order of the example (docs/behaviour.md §9).
 const ALL_SOURCES: &str = "upstream:\n  url: {upstream}\nidempotency:\n  key_from:\n\
     \x20   - header: Idempotency-Key\n    - header: X-Request-Id\n    - query: request_id\n\
     \x20   - json: /payment/reference\n";

@@ -1,5 +1,5 @@
-//! Bounded resources (SPEC §15): silent connections are closed on both listeners, and
-//! bodies held in memory stay within `max_buffered_bytes`.
+//! Bounded resources (docs/behaviour.md §15): silent connections are closed on both
+//! listeners, and bodies held in memory stay within `max_buffered_bytes`.
 
 use crate::support;
 

@@ -1,5 +1,5 @@
-//! One view of the request (SPEC §15), over raw sockets where an HTTP client would
-//! normalise what it sends: the guard decides on the request the upstream executes.
+//! One view of the request (docs/behaviour.md §15), over raw sockets where an HTTP client
+//! would normalise what it sends: the guard decides on the request the upstream executes.
 
 use crate::support;
 

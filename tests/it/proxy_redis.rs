@@ -1,6 +1,6 @@
 //! The proxy on the Redis store, over real sockets and real redis-server processes
-//! (SPEC §5): replicas sharing one Redis or a cluster, the hot-path command budget,
-//! script reloads, and Redis outages.
+//! (docs/behaviour.md §5): replicas sharing one Redis or a cluster, the hot-path command
+//! budget, script reloads, and Redis outages.
 
 use crate::support;
 

@@ -1,8 +1,9 @@
 //! Facts the README states that the repository can check, so that they cannot go stale:
 //! the Rust version it asks for, no citation of a document the repository does not
-//! hold, and a table of contents that matches its headings.
+//! hold, citations of `docs/behaviour.md` that land on one of its sections, and a table
+//! of contents that matches its headings.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn read(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
@@ -36,12 +37,137 @@ fn the_rust_version_the_readme_asks_for_is_the_one_cargo_needs() {
     }
 }
 
-#[test]
-fn the_readme_cites_no_document_outside_the_repository() {
-    let readme = read("README.md");
-    for (n, line) in readme.lines().enumerate() {
-        assert!(!line.contains("SPEC §"), "README.md:{}: {line}", n + 1);
+/// The contract the code is written to, in the repository (see its introduction).
+const BEHAVIOUR: &str = "docs/behaviour.md";
+
+/// How comments cited the contract when it lived outside the repository, where a reader
+/// of the repository cannot open it. Split in two so that this file does not cite it.
+const OUTSIDE_CITATION: &str = concat!("SPEC", " §");
+
+/// What a reader of the repository opens: the sources, tests, benches, examples, configs,
+/// deployment files, scripts and documents, as (path relative to the root, text). Files
+/// that are not UTF-8 text are left out.
+fn repository_files() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pending: Vec<PathBuf> = [
+        "src",
+        "tests",
+        "benches",
+        "examples",
+        "config",
+        "deploy",
+        "scripts",
+        "docs",
+        "README.md",
+        "BENCHMARKS.md",
+        "Dockerfile",
+        "docker-compose.yml",
+        "Cargo.toml",
+    ]
+    .iter()
+    .map(|name| root.join(name))
+    .collect();
+    let mut files = Vec::new();
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            let entries =
+                std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            pending.extend(entries.map(|entry| entry.expect("a directory entry").path()));
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            let name = path.strip_prefix(root).expect("under the root");
+            files.push((name.display().to_string(), text));
+        }
     }
+    assert!(
+        files.iter().any(|(name, _)| name == BEHAVIOUR),
+        "{BEHAVIOUR} is missing"
+    );
+    files
+}
+
+#[test]
+fn no_file_cites_a_document_outside_the_repository() {
+    let mut found = Vec::new();
+    for (name, text) in repository_files() {
+        for (n, line) in text.lines().enumerate() {
+            if line.contains(OUTSIDE_CITATION) {
+                found.push(format!("{name}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "cite {BEHAVIOUR} instead of a document the repository does not hold:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The numbers of the sections of `docs/behaviour.md`: its `## N. Title` headings.
+fn behaviour_sections(text: &str) -> Vec<u32> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("## ")?.split_once(". "))
+        .filter_map(|(number, _)| number.parse().ok())
+        .collect()
+}
+
+/// The section numbers of a citation, given the text after its first `§`: `4`, `9, §10`,
+/// `2–§4`, `9-§11`, `1 and §8`. `None` when no number follows.
+fn cited_sections(mut rest: &str) -> Option<Vec<u32>> {
+    let mut numbers = Vec::new();
+    loop {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        numbers.push(rest[..digits].parse().ok()?);
+        rest = &rest[digits..];
+        let next = [", §", "–§", "-§", " and §"]
+            .iter()
+            .find_map(|joint| rest.strip_prefix(joint));
+        match next {
+            Some(after) => rest = after,
+            None => return Some(numbers),
+        }
+    }
+}
+
+/// Every citation of a section of `docs/behaviour.md` in the repository names a section
+/// the document has, and no citation is split over two lines, where its number would go unchecked. The
+/// sections are numbered 1, 2, 3, ... so that a number, once cited, keeps its meaning.
+#[test]
+fn every_behaviour_citation_names_a_section_that_exists() {
+    let files = repository_files();
+    let sections = behaviour_sections(&read(BEHAVIOUR));
+    let expected: Vec<u32> = (1..).take(sections.len()).collect();
+    assert_eq!(sections, expected, "{BEHAVIOUR}: sections out of sequence");
+    let citation = format!("{BEHAVIOUR} §");
+    let mut wrong = Vec::new();
+    let mut cited = 0;
+    for (name, text) in files.iter().filter(|(name, _)| name != BEHAVIOUR) {
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            let at = format!("{name}:{}", n + 1);
+            for (start, _) in line.match_indices(&citation) {
+                match cited_sections(&line[start + citation.len()..]) {
+                    Some(numbers) => {
+                        cited += 1;
+                        for number in numbers.iter().filter(|number| !sections.contains(number)) {
+                            wrong.push(format!("{at}: §{number} is no section: {line}"));
+                        }
+                    }
+                    None => wrong.push(format!("{at}: a citation without a number: {line}")),
+                }
+            }
+            let next = lines.get(n + 1).map_or("", |next| {
+                next.trim_start_matches(|c: char| c.is_whitespace() || "/!#-".contains(c))
+            });
+            if line.trim_end().ends_with(BEHAVIOUR) && next.starts_with('§') {
+                wrong.push(format!("{at}: a citation split over two lines: {line}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(
+        cited > 0,
+        "no file cites {BEHAVIOUR}: is the search looking in the right places?"
+    );
 }
 
 /// The README's headings outside code blocks, as (level, title, GitHub anchor), in order.

@@ -1,8 +1,8 @@
-//! A full Redis still replays (SPEC §15). Under `maxmemory` with `noeviction`, Redis
-//! refuses every write, the claim's included, even for a key that already holds a
-//! record; reads are still answered. A completed key is replayed, never executed again;
-//! a new key follows `on_unavailable`. Real redis-server processes, filled until they
-//! refuse a write.
+//! A full Redis still replays (docs/behaviour.md §15). Under `maxmemory` with
+//! `noeviction`, Redis refuses every write, the claim's included, even for a key that
+//! already holds a record; reads are still answered. A completed key is replayed, never
+//! executed again; a new key follows `on_unavailable`. Real redis-server processes,
+//! filled until they refuse a write.
 
 use crate::support;
 

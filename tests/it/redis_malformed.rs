@@ -124,8 +124,8 @@ async fn a_record_that_cannot_be_read_is_never_forwarded_even_under_pass_through
         assert_eq!(answer.status, 503, "{}", answer.text());
         assert_eq!(answer.problem(), "store-unavailable");
         assert_eq!(up.count(), i, "never forwarded");
-        // The operator's way out (SPEC §13): the purge removes it, is counted, and the
-        // next request executes.
+        // The operator's way out (docs/behaviour.md §13): the purge removes it, is
+        // counted, and the next request executes.
         let purged = admin.send("DELETE", &format!("/keys/{id}"), &[], "").await;
         assert_eq!(purged.status, 204, "{}", purged.text());
         assert_eq!(proxy.state.metrics.purges(), i as u64 + 1);

@@ -1,7 +1,8 @@
-//! Reloading the configuration (SPEC §14, first bullet), over real sockets: what applies
-//! to new requests, what is refused and leaves the running configuration in force,
-//! requests in flight finishing under the policy they started with, and a new upstream
-//! URL draining the old pool. The SIGHUP path of the binary is in tests/it/cli.rs.
+//! Reloading the configuration (docs/behaviour.md §14, first bullet), over real sockets:
+//! what applies to new requests, what is refused and leaves the running configuration in
+//! force, requests in flight finishing under the policy they started with, and a new
+//! upstream URL draining the old pool. The SIGHUP path of the binary is in
+//! tests/it/cli.rs.
 
 use crate::support;
 

@@ -1,5 +1,6 @@
-//! Replays over real sockets on the memory store (SPEC §3–§4): the same response to every
-//! retry, scoped by credentials, refused for another request, and what is not kept.
+//! Replays over real sockets on the memory store (docs/behaviour.md §3–§4): the same
+//! response to every retry, scoped by credentials, refused for another request, and what
+//! is not kept.
 
 use crate::support;
 

@@ -1,5 +1,5 @@
-//! `store.min_replicas` (SPEC §14) on real redis-server processes: a master, and a
-//! replica when the test wants one acknowledging.
+//! `store.min_replicas` (docs/behaviour.md §14) on real redis-server processes: a master,
+//! and a replica when the test wants one acknowledging.
 
 use crate::support;
 

@@ -1,5 +1,6 @@
-//! Redis Sentinel (SPEC §14) on real processes: a master, a replica and three sentinels
-//! (`redis-server --sentinel`) on free 127.0.0.1 ports, started and stopped here.
+//! Redis Sentinel (docs/behaviour.md §14) on real processes: a master, a replica and
+//! three sentinels (`redis-server --sentinel`) on free 127.0.0.1 ports, started and
+//! stopped here.
 
 use crate::support;
 

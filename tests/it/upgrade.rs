@@ -1,5 +1,5 @@
-//! Upgrades pass through (SPEC §11): a WebSocket-style upgrade is forwarded with its
-//! headers, and after `101` the two connections are joined byte for byte.
+//! Upgrades pass through (docs/behaviour.md §11): a WebSocket-style upgrade is forwarded
+//! with its headers, and after `101` the two connections are joined byte for byte.
 
 use crate::support;
 

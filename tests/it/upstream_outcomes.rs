@@ -1,5 +1,5 @@
-//! Upstream failures on the memory store (SPEC §4): unreachable, reset, timeout, and a
-//! marker whose owner died.
+//! Upstream failures on the memory store (docs/behaviour.md §4): unreachable, reset,
+//! timeout, and a marker whose owner died.
 
 use crate::support;
 

@@ -176,9 +176,9 @@ const SIZE_KEYS: [(&str, &str); 4] = [
     ),
 ];
 
-/// SPEC §15: a duration above 10 years or a size above 1 TiB is an error naming its
-/// key. A huge lease or timeout used to be accepted and to panic request tasks when
-/// added to `Instant::now()`.
+/// A duration above 10 years or a size above 1 TiB is an error naming its key
+/// (docs/behaviour.md §15). A huge lease or timeout used to be accepted and to panic
+/// request tasks when added to `Instant::now()`.
 #[test]
 fn durations_above_ten_years_and_sizes_above_one_tib_are_refused() {
     for (template, path) in DURATION_KEYS {
@@ -261,7 +261,7 @@ fn upstream_url_defaults_to_port_9000_and_must_be_plain_http() {
     }
     let config =
         Config::from_yaml_str("upstream:\n  url: https://api.example.com/v1/\n", &|_| None)
-            .expect("https upstreams are accepted (SPEC §11)");
+            .expect("https upstreams are accepted (docs/behaviour.md §11)");
     assert_eq!(
         config.upstream.url.to_string(),
         "https://api.example.com/v1"
@@ -312,7 +312,8 @@ fn addresses_are_socket_addresses() {
     );
 }
 
-/// SPEC §13: `admin.token` is a string, `${VAR}` works, and it is never printed.
+/// `admin.token` is a string, `${VAR}` works, and it is never printed
+/// (docs/behaviour.md §13).
 #[test]
 fn the_admin_token_is_a_visible_string_and_never_printed() {
     assert_eq!(parse_ok(&with_minimal("admin: {}\n")).admin.token, None);
@@ -473,7 +474,8 @@ fn header_names_and_statuses_are_checked() {
     assert!(config.idempotency.scope_headers.is_empty());
 }
 
-/// SPEC §10: pointers are checked at load, and `fingerprint_ignore` needs `json`.
+/// Pointers are checked at load, and `fingerprint_ignore` needs `json`
+/// (docs/behaviour.md §10).
 #[test]
 fn fingerprint_keys_are_checked() {
     let message = error_at(
@@ -649,8 +651,8 @@ fn cluster_follows_the_flag_or_the_url_count_and_refuses_databases() {
     assert_eq!(empty_list.store.urls, ["redis://x:1/0"]);
 }
 
-/// SPEC §14: the sentinels watch one master, and `WAIT` counts one master's replicas;
-/// neither goes with a cluster.
+/// The sentinels watch one master, and `WAIT` counts one master's replicas; neither
+/// goes with a cluster (docs/behaviour.md §14).
 #[test]
 fn sentinel_and_min_replicas_refuse_a_cluster() {
     let sentinel = "  sentinel:\n    master_name: mymaster\n    urls: [redis://s1:26379]\n";
@@ -685,7 +687,7 @@ fn sentinel_and_min_replicas_refuse_a_cluster() {
     parse_ok(&with_minimal(
         "store:\n  kind: redis\n  cluster: true\n  min_replicas: 0\n",
     ));
-    // Keys that do not apply to the kind are allowed (SPEC §8).
+    // Keys that do not apply to the kind are allowed (docs/behaviour.md §8).
     parse_ok(&with_minimal(
         "store:\n  kind: memory\n  cluster: true\n  min_replicas: 2\n",
     ));

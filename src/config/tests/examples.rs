@@ -151,8 +151,8 @@ fn to_yaml_round_trips_unusual_values() {
     }
 }
 
-/// SPEC §15: a `${` in a value, from a variable or from `$${`, is printed `$${`, so
-/// that `--check` output loads back to the same configuration.
+/// A `${` in a value, from a variable or from `$${`, is printed `$${`, so that `--check`
+/// output loads back to the same configuration (docs/behaviour.md §15).
 #[test]
 fn to_yaml_round_trips_dollar_braces_in_values() {
     let env = env_map(&[("PREFIX", "app${TENANT}:"), ("USER", "u${x}")]);
@@ -235,9 +235,9 @@ fn dollar_text(max: usize) -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    /// SPEC §15: `--check` output loads back to the same configuration whatever its
-    /// string values hold (store passwords aside, which it prints as `***` and which
-    /// are filled in here).
+    /// `--check` output loads back to the same configuration whatever its string values
+    /// hold (docs/behaviour.md §15); store passwords aside, which it prints as `***` and
+    /// which are filled in here.
     #[test]
     fn to_yaml_round_trips_any_string_values(
         key_prefix in dollar_text(8),

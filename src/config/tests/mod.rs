@@ -385,8 +385,8 @@ fn routes_override_only_the_keys_they_name() {
     assert!(policy_for(&config, "/other").enabled);
 }
 
-/// SPEC §10: the three `fingerprint_*` keys are read in `idempotency` and inherited
-/// by routes, which may override each of them.
+/// The three `fingerprint_*` keys are read in `idempotency` and inherited by routes,
+/// which may override each of them (docs/behaviour.md §10).
 #[test]
 fn fingerprint_keys_are_inherited_and_overridden() {
     let config = parse_ok(&with_minimal(
@@ -571,8 +571,8 @@ fn env_vars_are_interpolated_in_every_string() {
     assert_eq!(config.idempotency.ttl, secs(7 * 3600));
 }
 
-/// SPEC §15: `$${` is a literal `${`, so that a value can hold one (and `--check` can
-/// print one); any other `$` is kept as is.
+/// `$${` is a literal `${`, so that a value can hold one (and `--check` can print one);
+/// any other `$` is kept as is (docs/behaviour.md §15).
 #[test]
 fn a_doubled_dollar_before_a_brace_is_a_literal() {
     let env = env_map(&[("X", "v"), ("LITERAL", "${X}")]);

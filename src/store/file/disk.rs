@@ -34,9 +34,10 @@ pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// The on-disk format this version writes. Format 2 may hold records of format 2 (with
-/// their times, SPEC §13), which versions that wrote format 1 cannot read: they refuse a
-/// format 2 store when it opens, instead of failing on its records one by one. A store
-/// of any other format is refused, never read or rewritten.
+/// the times the admin API reports, docs/behaviour.md §13), which versions that wrote
+/// format 1 cannot read: they refuse a format 2 store when it opens, instead of failing
+/// on its records one by one. A store of any other format is refused, never read or
+/// rewritten.
 pub const FORMAT: u64 = 2;
 /// The earlier format this version still opens: the same tables with format 1 records
 /// only. Opening it for writing marks it format 2 (the meta entry alone is rewritten).

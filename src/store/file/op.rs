@@ -47,7 +47,7 @@ pub(super) enum Op {
         now: u64,
         reply: Reply<Option<Lease>>,
     },
-    /// The admin API's purge (SPEC §13).
+    /// The admin API's purge (docs/behaviour.md §13).
     Purge {
         key: ScopedKey,
         force: bool,

@@ -1,5 +1,5 @@
-//! The admin API's read and purge (SPEC §13), each one script so that what is reported
-//! or removed is one state of the key.
+//! The admin API's read and purge (docs/behaviour.md §13), each one script so that what
+//! is reported or removed is one state of the key.
 
 use bytes::Bytes;
 use redis::Value;

@@ -1,5 +1,5 @@
 //! The claim: write the in-flight marker if the key is free, else return what is there,
-//! in one round trip (SPEC §4, §5).
+//! in one round trip (docs/behaviour.md §4, §5).
 //!
 //! Redis 7.0+ takes `SET key marker NX PX ttl GET`, which answers what was there, and
 //! nothing when it wrote. But nothing is also what redis-rs makes of replies it cannot
@@ -13,7 +13,7 @@
 //! is the marker when it wrote it. Any other answer is a store error.
 //!
 //! A full Redis (`maxmemory` with `noeviction`) refuses the write with `OOM` whatever
-//! the key holds, but still answers reads: the key is then read (SPEC §15).
+//! the key holds, but still answers reads: the key is then read (docs/behaviour.md §15).
 
 use redis::Value;
 
@@ -112,10 +112,11 @@ fn out_of_memory(err: &redis::RedisError) -> bool {
         .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "OOM"))
 }
 
-/// SPEC §15: what a key holds when a full Redis refused its claim. A record there is
-/// returned, so that a completed key is replayed (or refused as in flight or reused)
-/// instead of following `on_unavailable`, which under `pass_through` would execute it
-/// again. Nothing there: the refusal stands, and a new key follows `on_unavailable`.
+/// What a key holds when a full Redis refused its claim (docs/behaviour.md §15). A
+/// record there is returned, so that a completed key is replayed (or refused as in flight
+/// or reused) instead of following `on_unavailable`, which under `pass_through` would
+/// execute it again. Nothing there: the refusal stands, and a new key follows
+/// `on_unavailable`.
 async fn read_when_full(
     conn: &mut Conn,
     key: &str,

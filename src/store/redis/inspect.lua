@@ -1,5 +1,6 @@
--- inspect (SPEC §13): KEYS[1]. What the key holds and when it expires (unix ms on the
--- server's clock), read together: {} when nothing is there, else {value, expires at}.
+-- inspect (docs/behaviour.md §13): KEYS[1]. What the key holds and when it expires (unix
+-- ms on the server's clock), read together: {} when nothing is there, else {value,
+-- expires at}.
 local v = redis.call('GET', KEYS[1])
 if not v then
   return {}

@@ -1,4 +1,4 @@
-//! The Redis store: shared state for any number of replicas (SPEC §5).
+//! The Redis store: shared state for any number of replicas (docs/behaviour.md §5).
 //!
 //! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
 //! cluster slot. The hot path is one round trip per replay (the claim, which returns the
@@ -108,7 +108,7 @@ impl ConnectionLike for Conn {
 /// Sentinel, the one connection to the master it names.
 enum Backend {
     Direct(PerWorker<Lane>),
-    /// SPEC §14: the master the sentinels name (`sentinel.rs`).
+    /// The master the sentinels name (`sentinel.rs`; docs/behaviour.md §14).
     Sentinel(Box<sentinel::Master>),
 }
 

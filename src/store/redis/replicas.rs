@@ -1,5 +1,6 @@
-//! `store.min_replicas` (SPEC §14): after a claim (or a take-over) and after a record,
-//! `WAIT N` asks Redis how many replicas hold the write, bounded by `store.timeout`.
+//! `store.min_replicas` (docs/behaviour.md §14): after a claim (or a take-over) and after
+//! a record, `WAIT N` asks Redis how many replicas hold the write, bounded by
+//! `store.timeout`.
 //!
 //! Redis replicates asynchronously: a write the master acknowledged may be missing on the
 //! replica that a failover promotes. A claim lost that way lets a retry execute again, so

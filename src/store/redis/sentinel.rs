@@ -1,5 +1,5 @@
-//! Redis Sentinel (SPEC §14): the master is found through the sentinels, and found again
-//! after a failover.
+//! Redis Sentinel (docs/behaviour.md §14): the master is found through the sentinels, and
+//! found again after a failover.
 //!
 //! redis-rs looks the master up (it asks the sentinels in turn and checks the address
 //! with `ROLE`), but a [`ConnectionManager`] reconnects to one fixed address. So this

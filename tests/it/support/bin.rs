@@ -220,7 +220,8 @@ impl Running {
     }
 
     /// Polls until connections to the listener are refused: the sign that a shutdown
-    /// signal was handled, since the listener closes at once (SPEC §8, Shutdown).
+    /// signal was handled, since the listener closes at once (docs/behaviour.md §8,
+    /// Shutdown).
     pub async fn wait_refusing(&self) {
         let deadline = Instant::now() + LIMIT;
         loop {

@@ -1,6 +1,7 @@
-//! Redis high availability for the tests (SPEC §14): replicas, Sentinel processes
-//! (`redis-server sentinel.conf --sentinel`) and a cluster with a replica per master, all
-//! on free 127.0.0.1 ports and killed when dropped, like every [`RedisServer`].
+//! Redis high availability for the tests (docs/behaviour.md §14): replicas, Sentinel
+//! processes (`redis-server sentinel.conf --sentinel`) and a cluster with a replica per
+//! master, all on free 127.0.0.1 ports and killed when dropped, like every
+//! [`RedisServer`].
 
 use std::fs;
 use std::sync::atomic::{AtomicU64, Ordering};
