@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::AppState;
 use super::lease::{Job, in_background, stamped};
-use super::reply::problem_record;
-use crate::config::{ErrorsConfig, Policy};
-use crate::error::{ProxyError, UnknownCause};
+use super::reply::abandoned_record;
+use super::state::AppState;
+use crate::config::Policy;
+use crate::error::ProxyError;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
 };
@@ -146,16 +146,6 @@ async fn take_over<S: Store>(
             Err(ProxyError::StoreUnavailable(err))
         }
     }
-}
-
-/// The record of a key whose owner crashed before recording (docs/behaviour.md §4).
-pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
-    let problem = ProxyError::OutcomeUnknown {
-        cause: UnknownCause::LeaseExpired,
-        source: None,
-    }
-    .problem();
-    problem_record(&problem, errors, fingerprint)
 }
 
 /// Orphaned claims (docs/behaviour.md §8): a call that timed out may still have been

@@ -19,12 +19,13 @@ use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody};
 use super::budget::Held;
-use super::claim::abandoned_record;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
-use super::reply::{Counted, IDEMPOTENT_REPLAYED, Reply, finish, problem_record, replay_response};
+use super::reply::{
+    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_record, finish, problem_record, replay_response,
+};
+use super::state::{AppState, Live, PolicyId};
 use super::upstream::{self, Failure, upstream_request};
-use super::{AppState, Live, PolicyId};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::ProxyError;
 use crate::failpoint;

@@ -11,15 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::AppState;
+use super::state::{AppState, MAX_BACKGROUND_RETRIES};
 use crate::idempotency::{Completed, Times};
 use crate::metrics::Outcome;
 use crate::store::{Fenced, Lease, Store, StoreError};
-
-/// How many background retries may run at once, across all keys. Past it a retry is
-/// given up at once: during a long store outage the proxy's memory stays bounded, and
-/// the keys concerned follow the lease rules (a marker ends with its lease).
-pub(crate) const MAX_BACKGROUND_RETRIES: usize = 1024;
 
 /// The first pause of a background retry, and the most it grows to.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);

@@ -10,15 +10,27 @@
 //!   session idle after one request would otherwise hold its place in
 //!   `max_connections` for ever, and a few of them fill the proxy.
 //! - Shutdown asks every connection to finish gracefully in the same way.
+//!
+//! [`serve`] is the accept loop of one worker: each connection gets its place in
+//! `max_connections`, the handler as its service, and [`drive`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::handler;
+use super::state::AppState;
+use crate::store::Store;
 
 /// What a connection's service tells the connection's driver: whether a request head
 /// arrived, how many requests are open, when the last one ended.
@@ -170,4 +182,122 @@ pub async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr)
             }
         }
     }
+}
+
+/// How serving ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Every in-flight request finished and was recorded.
+    Drained,
+    /// `shutdown_timeout` passed first; abandoned markers follow the lease rules.
+    TimedOut,
+}
+
+/// Serves until `shutdown` resolves, then stops accepting at once and lets in-flight
+/// requests (and their recordings) finish for up to `shutdown_timeout`.
+pub async fn serve<S: Store>(
+    listener: TcpListener,
+    state: Arc<AppState<S>>,
+    shutdown: impl Future<Output = ()>,
+) -> Shutdown {
+    let header_timeout = state.config.listen_header_timeout;
+    let idle_timeout = state.config.listen_idle_timeout;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // Each open connection keeps a read buffer of up to this size; hyper's default
+        // (about 400 KiB) made stalled connections cost far more than their bodies. It
+        // also bounds a request head: a larger one is answered 431.
+        .max_buf_size(64 * 1024)
+        .keep_alive(true);
+    let connections = TaskTracker::new();
+    let stop = CancellationToken::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = accept(&listener) => accepted,
+            () = &mut shutdown => break,
+        };
+        // Past `max_connections`, connections wait in the listen backlog
+        // (docs/behaviour.md §15). The limit is shared by the workers, so a connection is
+        // accepted before it waits for its place: a worker holding a place while it waits
+        // for a connection that the kernel gave another worker would leave that one
+        // unserved below the limit. Each worker holds at most this one connection
+        // unserved.
+        let permit = tokio::select! {
+            permit = Arc::clone(&state.connections).acquire_owned() => permit,
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let activity = Activity::default();
+        let seen = activity.clone();
+        let svc = service_fn(move |req| {
+            let open = seen.start();
+            let state = Arc::clone(&state);
+            async move {
+                let response = handler::handle(state, req, peer).await;
+                drop(open);
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+            .into_owned();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let _open = permit;
+            match drive(conn, header_timeout, idle_timeout, &activity, &stop).await {
+                Ended::Closed(Err(err)) => {
+                    tracing::debug!(error = %err, %peer, "connection ended with an error");
+                }
+                Ended::Closed(Ok(())) => {}
+                Ended::NoHead => {
+                    tracing::debug!(%peer, "closed: no request head within listen_header_timeout");
+                }
+                Ended::Dropped => {
+                    tracing::debug!(%peer, "dropped: idle, and did not go away when asked");
+                }
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!(
+        worker = crate::worker::index(),
+        "shutting down: listener closed, finishing in-flight requests"
+    );
+    // A reload may have changed it (docs/behaviour.md §14).
+    let limit = state.live().config.shutdown_timeout;
+    let until = tokio::time::Instant::now() + limit;
+    state.tasks.close();
+    stop.cancel();
+    connections.close();
+    let drained = async {
+        connections.wait().await;
+        state.tasks.wait().await;
+    };
+    let how = match tokio::time::timeout_at(until, drained).await {
+        Ok(()) => Shutdown::Drained,
+        Err(_) => {
+            tracing::warn!(
+                ?limit,
+                "shutdown_timeout passed with requests still in flight"
+            );
+            Shutdown::TimedOut
+        }
+    };
+    // Upgraded connections are no requests: they may go on until shutdown_timeout, and
+    // are then closed, whatever became of the requests.
+    state.tunnels.close();
+    if tokio::time::timeout_at(until, state.tunnels.wait())
+        .await
+        .is_err()
+    {
+        tracing::info!("closing upgraded connections at shutdown_timeout");
+    }
+    state.closing.cancel();
+    state.tunnels.wait().await;
+    how
 }

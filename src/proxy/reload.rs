@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use super::AppState;
+use super::state::AppState;
 use crate::config::{Config, ConfigError, Policy};
 use crate::store::Store;
 

@@ -6,10 +6,10 @@
 use http::Response;
 use http::header::{HeaderName, HeaderValue};
 
-use super::AppState;
 use super::body::ProxyBody;
+use super::state::AppState;
 use crate::config::{ErrorsConfig, Policy};
-use crate::error::{Problem, ProxyError};
+use crate::error::{Problem, ProxyError, UnknownCause};
 use crate::idempotency::{Completed, Fingerprint, StoredBody};
 use crate::metrics::Outcome;
 
@@ -115,4 +115,14 @@ pub(crate) fn problem_record(
         body: StoredBody::Stored(problem.body(errors)),
         times: None,
     }
+}
+
+/// The record of a key whose owner crashed before recording (docs/behaviour.md §4).
+pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
+    let problem = ProxyError::OutcomeUnknown {
+        cause: UnknownCause::LeaseExpired,
+        source: None,
+    }
+    .problem();
+    problem_record(&problem, errors, fingerprint)
 }

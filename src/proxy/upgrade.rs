@@ -20,8 +20,8 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use super::body::{ProxyBody, RequestBody};
+use super::state::{AppState, Live};
 use super::upstream::{self, upstream_request};
-use super::{AppState, Live};
 use crate::error::ProxyError;
 use crate::store::Store;
 

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio_util::sync::CancellationToken;
 
-use super::{AppState, Shutdown, serve};
+use super::listen::{Shutdown, serve};
+use super::state::AppState;
 use crate::store::Store;
 
 /// The listen backlog of each socket, as `TcpListener::bind` has it.

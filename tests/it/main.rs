@@ -26,6 +26,7 @@ mod https_upstream;
 mod key_command;
 mod key_sources;
 mod kubernetes;
+mod layout;
 mod lease;
 mod limits;
 mod monitoring;

@@ -1,0 +1,145 @@
+//! The shared state of a running proxy: what every connection and request reads
+//! ([`AppState`]), the configuration a reload swaps in whole ([`Live`]), and which policy
+//! a request runs under ([`PolicyId`]). Every file of the request path reads it; it
+//! reads nothing of theirs but the upstream client and the body budget it holds.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::budget::Budget;
+use super::upstream::{self, UpstreamClient};
+use crate::config::{Config, Policy};
+use crate::metrics::Metrics;
+use crate::store::{Deadline, Store, Timed};
+use crate::worker::PerWorker;
+
+/// How many background retries (`lease.rs`) may run at once, across all keys. Past it
+/// a retry is given up at once: during a long store outage the proxy's memory stays
+/// bounded, and the keys concerned follow the lease rules (a marker ends with its lease).
+pub(crate) const MAX_BACKGROUND_RETRIES: usize = 1024;
+
+/// Which policy a request runs under: a route's, or the top-level `idempotency`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyId(Option<usize>);
+
+/// What a reload replaces (docs/behaviour.md §14): the configuration requests start
+/// under, and the upstream clients built from its `upstream` section. A request takes one
+/// `Live` when it starts and keeps it to the end, so it finishes under the policy it
+/// started with.
+#[derive(Debug)]
+pub struct Live {
+    pub config: Arc<Config>,
+    /// One connection pool per worker: a pooled connection is driven by a task on the
+    /// runtime that opened it, so sharing one pool would hand requests across threads.
+    clients: PerWorker<UpstreamClient>,
+}
+
+impl Live {
+    pub fn new(config: Arc<Config>) -> Self {
+        let clients = upstream::clients(&config.upstream, config.workers.resolve());
+        Self { config, clients }
+    }
+
+    /// The calling worker's upstream client.
+    pub fn client(&self) -> &UpstreamClient {
+        self.clients.get()
+    }
+
+    pub fn policy_id(&self, path: &str) -> PolicyId {
+        PolicyId(self.config.route_index(path))
+    }
+
+    pub fn policy(&self, id: PolicyId) -> &Policy {
+        match id.0.and_then(|i| self.config.routes.get(i)) {
+            Some(route) => &route.policy,
+            None => &self.config.idempotency,
+        }
+    }
+}
+
+/// Everything a request needs, shared by all connections.
+#[derive(Debug)]
+pub struct AppState<S> {
+    /// The configuration the process started with: what a reload cannot change
+    /// (`listen`, `store`, the limits of the accept loop). Per-request settings are in
+    /// [`AppState::live`].
+    pub config: Arc<Config>,
+    /// Swapped whole by a reload; read without a lock.
+    live: ArcSwap<Live>,
+    /// Every call under `store.timeout` and timed, by the decorator.
+    pub store: Timed<S>,
+    pub metrics: Metrics,
+    /// Forward-and-record tasks, which outlive a disconnected client, and background
+    /// retries; shutdown waits for them.
+    pub(super) tasks: TaskTracker,
+    /// Bounds how many background retries run at once (`lease.rs`).
+    pub(super) retries: Arc<Semaphore>,
+    /// `max_connections`: places for open client connections, shared by the workers.
+    pub(super) connections: Arc<Semaphore>,
+    /// `max_buffered_bytes`: the bodies held in memory at once (`budget.rs`).
+    pub(super) budget: Arc<Budget>,
+    /// Upgraded connections joined to the upstream (`upgrade.rs`), and what closes them
+    /// at shutdown.
+    pub(super) tunnels: TaskTracker,
+    pub(super) closing: CancellationToken,
+}
+
+impl<S: Store> AppState<S> {
+    pub fn new(config: Arc<Config>, store: S) -> Self {
+        Self::with_metrics(config, store, Metrics::new())
+    }
+
+    /// With metrics of the caller's making, e.g. [`Metrics::observable`] in tests.
+    pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
+        let live = ArcSwap::from_pointee(Live::new(Arc::clone(&config)));
+        store.register_metrics(metrics.registry_mut());
+        store.count_shortfalls_in(metrics.replication_shortfall());
+        let deadline = Deadline::new(config.store.timeout, metrics.store_timings());
+        let store = Timed::new(store, deadline);
+        let budget = Budget::new(config.max_buffered_bytes);
+        metrics.registry_mut().register_with_unit(
+            "idemgate_buffered",
+            "Request and response bodies held in memory (bounded by max_buffered_bytes)",
+            prometheus_client::registry::Unit::Bytes,
+            budget.gauge(),
+        );
+        Self {
+            budget,
+            connections: Arc::new(Semaphore::new(config.max_connections)),
+            config,
+            live,
+            store,
+            metrics,
+            tasks: TaskTracker::new(),
+            retries: Arc::new(Semaphore::new(MAX_BACKGROUND_RETRIES)),
+            tunnels: TaskTracker::new(),
+            closing: CancellationToken::new(),
+        }
+    }
+
+    /// The configuration new requests start under, and its upstream client.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Puts `config` in force for new requests (docs/behaviour.md §14), after
+    /// `reload::check` accepted it. The upstream client is kept when `upstream` did not
+    /// change; when it did, the old client goes with the last request that holds it, and
+    /// its idle connections with it.
+    pub fn apply(&self, config: Config) {
+        let current = self.live.load();
+        let live = if config.upstream == current.config.upstream {
+            Live {
+                config: Arc::new(config),
+                clients: current.clients.clone(),
+            }
+        } else {
+            Live::new(Arc::new(config))
+        };
+        self.live.store(Arc::new(live));
+    }
+}
