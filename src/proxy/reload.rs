@@ -196,6 +196,7 @@ mod tests {
                 "errors:\n  format: template\n  template: '{\"e\":\"{slug}\"}'\n",
                 "errors",
             ),
+            ("listen_idle_timeout: 1s\n", "listen_idle_timeout"),
         ] {
             let new = parse(&format!("{base}{extra}"));
             let err = check(&running, &new).expect_err(field);
