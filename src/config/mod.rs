@@ -10,7 +10,8 @@
 //! 3. `raw` deserializes the value into structs that deny unknown keys, using
 //!    `values` to parse units, enums and addresses, with `serde_path_to_error`
 //!    recording where each one was (`policy` declares the keys that `idempotency`
-//!    and `routes[]` share, `sections` those of `upstream` and `log`, once each);
+//!    and `routes[]` share, `sections` those of `upstream`, `errors` and `log`, and
+//!    `top` the top-level keys and the reload class of every key, once each);
 //! 4. `validate` applies defaults and the checks that span several keys.
 //!
 //! `render` goes the other way for `--check`.
@@ -23,6 +24,7 @@ mod render;
 mod sections;
 mod sentinel;
 mod tls;
+mod top;
 mod units;
 mod validate;
 mod values;
@@ -41,43 +43,7 @@ pub use policy::Policy;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
 pub use sentinel::SentinelConfig;
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    pub listen: SocketAddr,
-    pub upstream: UpstreamConfig,
-    pub store: StoreConfig,
-    /// The top-level `idempotency` section, as the default policy.
-    pub idempotency: Policy,
-    /// Routes in file order; each carries its fully merged effective policy.
-    pub routes: Vec<Route>,
-    pub admin: AdminConfig,
-    pub log: LogConfig,
-    pub shutdown_timeout: Duration,
-    /// How route prefixes compare with request paths (docs/behaviour.md §15).
-    pub route_match: RouteMatch,
-    /// A connection that sends no complete request head this long is closed, before its
-    /// protocol is known too; on the admin listener as well.
-    pub listen_header_timeout: Duration,
-    /// Open client connections at most; past it new ones wait in the listen backlog.
-    pub max_connections: usize,
-    /// How many single-threaded workers serve the listener (`auto`: one per CPU).
-    pub workers: Workers,
-    /// Request and response bodies held in memory at once, across all requests.
-    pub max_buffered_bytes: u64,
-    /// The shape of the answers idemgate makes itself (docs/behaviour.md §16).
-    pub errors: ErrorsConfig,
-    /// What becomes of `%2F`, `%5C` and `\` in request paths.
-    pub escaped_slashes: EscapedSlashes,
-    /// The protocols a passed-through request may upgrade to, lower-cased; `h2c` is
-    /// never one of them.
-    pub upgrades: Vec<String>,
-    /// A client connection with no request open this long is closed (`GOAWAY` on
-    /// HTTP/2).
-    pub listen_idle_timeout: Duration,
-    /// A guarded request body that sends no byte this long is answered `408`.
-    pub listen_body_timeout: Duration,
-}
+pub use top::{Config, RELOAD, Reload, ReloadKey};
 
 /// `workers`: each worker is one thread with its own runtime, listener socket
 /// (`SO_REUSEPORT`), upstream connections and Redis connection, so a request is served
@@ -312,7 +278,7 @@ impl Config {
     pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
         let url = values::parse_upstream_url(url)
             .map_err(|msg| ConfigError::invalid("--upstream", msg))?;
-        validate::build(raw::RawConfig::for_upstream(url, listen))
+        validate::build(top::RawConfig::for_upstream(url, listen))
     }
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses

@@ -4,19 +4,20 @@
 //! are parsed by the types in `values` while deserializing, so that
 //! `serde_path_to_error` attaches the full path (`routes[1].ttl`) to the error without
 //! any bookkeeping of ours. Defaults and checks that involve several keys live in
-//! `validate`. The raw forms of `idempotency`, `routes[]`, `upstream` and `log` are
-//! generated next to their typed forms, in `policy` and `sections`.
+//! `validate`. The raw forms of the whole file, of `idempotency`, `routes[]`, `upstream`,
+//! `errors` and `log` are generated next to their typed forms, in `top`, `policy` and
+//! `sections`.
 
 use std::net::SocketAddr;
 
 use http::Uri;
 use serde::{Deserialize, Deserializer};
 
-use super::policy::{RawPolicy, RawRoute};
-use super::sections::{RawErrors, RawLog, RawUpstream};
+use super::sections::RawUpstream;
 use super::sentinel::RawSentinel;
-use super::values::{Addr, Count, Dur, Flag, Pick, Size, UpstreamUrl, WorkerCount};
-use super::{ConfigError, EscapedSlashes, OnUnavailable, RouteMatch, StoreKind};
+use super::top::RawConfig;
+use super::values::{Addr, Count, Dur, Flag, Pick, UpstreamUrl};
+use super::{ConfigError, OnUnavailable, StoreKind};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 ///
@@ -166,29 +167,6 @@ fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     rows[a.len()][b.len()]
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping of configuration keys")]
-pub(super) struct RawConfig {
-    pub(super) listen: Option<Addr>,
-    pub(super) upstream: Option<RawUpstream>,
-    pub(super) store: Option<RawStore>,
-    pub(super) idempotency: Option<RawPolicy>,
-    pub(super) routes: Option<Vec<RawRoute>>,
-    pub(super) admin: Option<RawAdmin>,
-    pub(super) log: Option<RawLog>,
-    pub(super) shutdown_timeout: Option<Dur>,
-    pub(super) route_match: Option<Pick<RouteMatch>>,
-    pub(super) listen_header_timeout: Option<Dur>,
-    pub(super) max_connections: Option<Count>,
-    pub(super) workers: Option<WorkerCount>,
-    pub(super) max_buffered_bytes: Option<Size>,
-    pub(super) errors: Option<RawErrors>,
-    pub(super) escaped_slashes: Option<Pick<EscapedSlashes>>,
-    pub(super) upgrades: Option<Vec<String>>,
-    pub(super) listen_idle_timeout: Option<Dur>,
-    pub(super) listen_body_timeout: Option<Dur>,
 }
 
 impl RawConfig {

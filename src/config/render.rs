@@ -5,7 +5,7 @@
 //! do; the output parses back to an equal `Config`
 //! (every `${` in a value printed as `$${`, which loads back as `${`) once the secrets,
 //! printed `***` and listed in a comment at the top, are filled in.
-//! The keys declared in `policy` and `sections` are printed by the `to_mapping` methods
+//! The keys declared in `top`, `policy` and `sections` are printed by the methods
 //! generated there, with the printers at the end of this file.
 
 use std::time::Duration;
@@ -16,7 +16,7 @@ use serde_yaml::{Mapping, Value};
 use super::interp;
 use super::units::{self, SizeText};
 use super::values::Choice;
-use super::{Config, StoreConfig, StoreKind, Workers};
+use super::{Config, ErrorsConfig, StoreConfig, StoreKind, Workers};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{KeySource, display_name};
 
@@ -64,49 +64,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
 
     put(&mut root, "log", config.log.to_mapping());
 
-    put(
-        &mut root,
-        "shutdown_timeout",
-        duration(&config.shutdown_timeout),
-    );
-    put(&mut root, "route_match", choice(&config.route_match));
-    put(
-        &mut root,
-        "listen_header_timeout",
-        duration(&config.listen_header_timeout),
-    );
-    put(&mut root, "max_connections", config.max_connections as u64);
-    match config.workers {
-        Workers::Auto => put(&mut root, "workers", "auto"),
-        Workers::Count(n) => put(&mut root, "workers", n.get() as u64),
-        Workers::Shared => put(&mut root, "workers", "shared"),
-    }
-    put(
-        &mut root,
-        "max_buffered_bytes",
-        size(&config.max_buffered_bytes),
-    );
-    put(&mut root, "errors", config.errors.to_mapping());
-    put(
-        &mut root,
-        "escaped_slashes",
-        choice(&config.escaped_slashes),
-    );
-    put(
-        &mut root,
-        "upgrades",
-        Value::Sequence(config.upgrades.iter().map(|p| p.as_str().into()).collect()),
-    );
-    put(
-        &mut root,
-        "listen_idle_timeout",
-        duration(&config.listen_idle_timeout),
-    );
-    put(
-        &mut root,
-        "listen_body_timeout",
-        duration(&config.listen_body_timeout),
-    );
+    root.extend(config.keys_to_mapping());
 
     let mut root = Value::Mapping(root);
     escape_interpolation(&mut root);
@@ -223,6 +181,22 @@ pub(super) fn size(bytes: &u64) -> Value {
         SizeText::WithUnit(text) => text.into(),
         SizeText::Bytes(n) => n.into(),
     }
+}
+
+pub(super) fn count(n: &usize) -> Value {
+    (*n as u64).into()
+}
+
+pub(super) fn workers(workers: &Workers) -> Value {
+    match workers {
+        Workers::Auto => "auto".into(),
+        Workers::Count(n) => (n.get() as u64).into(),
+        Workers::Shared => "shared".into(),
+    }
+}
+
+pub(super) fn errors(errors: &ErrorsConfig) -> Value {
+    errors.to_mapping().into()
 }
 
 pub(super) fn text(value: &str) -> Value {

@@ -4,13 +4,14 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use super::policy::RawRoute;
-use super::raw::{RawAdmin, RawConfig, RawStore};
+use super::raw::{RawAdmin, RawStore};
+use super::sections::RawErrors;
+use super::top::{RawConfig, Sections};
 use super::units;
-use super::values::{Choice, Raw, WorkerCount};
+use super::values::{Choice, Count, Raw, WorkerCount};
 use super::{
     AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
-    Route, RouteMatch, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url,
-    url_secret_is_masked,
+    Route, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url, url_secret_is_masked,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::path::{self, EscapedSlashes};
@@ -27,57 +28,41 @@ const DEFAULT_FILE_PATH: &str = "/var/lib/idemgate";
 const DEFAULT_MAX_ENTRIES: usize = 100_000;
 
 pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
-    let idempotency = raw.idempotency.unwrap_or_default();
-    idempotency.check_spelling("idempotency")?;
-    let idempotency = idempotency.typed();
-    check_policy(&idempotency, "idempotency")?;
-    let escaped_slashes = raw.escaped_slashes.map_or(EscapedSlashes::Reject, |m| m.0);
-    let routes = build_routes(
-        raw.routes.unwrap_or_default(),
-        &idempotency,
-        escaped_slashes,
-    )?;
-    Ok(Config {
-        listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
-        upstream: build_upstream(raw.upstream.unwrap_or_default().typed())?,
-        store: build_store(raw.store.unwrap_or_default())?,
-        idempotency,
-        routes,
-        admin: build_admin(raw.admin.unwrap_or_default())?,
-        log: raw.log.unwrap_or_default().typed(),
-        shutdown_timeout: raw
-            .shutdown_timeout
-            .map_or(Duration::from_secs(30), |d| d.0),
-        route_match: raw.route_match.map_or(RouteMatch::Exact, |m| m.0),
-        listen_header_timeout: raw
-            .listen_header_timeout
-            .map_or(Duration::from_secs(30), |d| d.0),
-        max_connections: match raw.max_connections {
-            None => 10_000,
-            Some(count) => usize::try_from(count.0)
-                .ok()
-                .filter(|n| *n >= 1)
-                .ok_or_else(|| ConfigError::invalid("max_connections", "must be at least 1"))?,
-        },
-        workers: build_workers(raw.workers)?,
-        max_buffered_bytes: raw.max_buffered_bytes.map_or(256 << 20, |s| s.0),
-        errors: build_errors(raw.errors.unwrap_or_default().typed())?,
-        escaped_slashes,
-        upgrades: build_upgrades(raw.upgrades)?,
-        listen_idle_timeout: raw
-            .listen_idle_timeout
-            .map_or(Duration::from_secs(60), |d| d.0),
-        listen_body_timeout: raw
-            .listen_body_timeout
-            .map_or(Duration::from_secs(30), |d| d.0),
+    raw.build(|raw, keys| {
+        let idempotency = raw.idempotency.unwrap_or_default();
+        idempotency.check_spelling("idempotency")?;
+        let idempotency = idempotency.typed();
+        check_policy(&idempotency, "idempotency")?;
+        let routes = build_routes(
+            raw.routes.unwrap_or_default(),
+            &idempotency,
+            keys.escaped_slashes,
+        )?;
+        Ok(Sections {
+            listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
+            upstream: build_upstream(raw.upstream.unwrap_or_default().typed())?,
+            store: build_store(raw.store.unwrap_or_default())?,
+            idempotency,
+            routes,
+            admin: build_admin(raw.admin.unwrap_or_default())?,
+            log: raw.log.unwrap_or_default().typed(),
+        })
     })
 }
 
-fn build_workers(raw: Option<WorkerCount>) -> Result<Workers, ConfigError> {
+/// `max_connections`, `store.max_entries`: a count of at least 1.
+pub(super) fn at_least_one(count: Count, key: &str) -> Result<usize, ConfigError> {
+    usize::try_from(count.0)
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| ConfigError::invalid(key, "must be at least 1"))
+}
+
+pub(super) fn build_workers(raw: WorkerCount, key: &str) -> Result<Workers, ConfigError> {
     let n = match raw {
-        None | Some(WorkerCount::Auto) => return Ok(Workers::Auto),
-        Some(WorkerCount::Shared) => return Ok(Workers::Shared),
-        Some(WorkerCount::Count(n)) => n,
+        WorkerCount::Auto => return Ok(Workers::Auto),
+        WorkerCount::Shared => return Ok(Workers::Shared),
+        WorkerCount::Count(n) => n,
     };
     usize::try_from(n)
         .ok()
@@ -86,7 +71,7 @@ fn build_workers(raw: Option<WorkerCount>) -> Result<Workers, ConfigError> {
         .map(Workers::Count)
         .ok_or_else(|| {
             ConfigError::invalid(
-                "workers",
+                key,
                 format!("must be auto, shared, or between 1 and {}", Workers::MAX),
             )
         })
@@ -110,11 +95,12 @@ fn build_upstream(upstream: UpstreamConfig) -> Result<UpstreamConfig, ConfigErro
 }
 
 /// `format: template` needs a template that is JSON once filled in (docs/behaviour.md §16).
-fn build_errors(errors: ErrorsConfig) -> Result<ErrorsConfig, ConfigError> {
+pub(super) fn build_errors(raw: RawErrors, key: &str) -> Result<ErrorsConfig, ConfigError> {
+    let errors = raw.typed();
     if errors.format == ErrorFormat::Template {
         if errors.template.trim().is_empty() {
             return Err(ConfigError::invalid(
-                "errors.template",
+                format!("{key}.template"),
                 "missing; format: template needs a template such as \
                  '{\"error\":{\"code\":\"{slug}\",\"message\":\"{detail}\"}}'",
             ));
@@ -129,7 +115,7 @@ fn build_errors(errors: ErrorsConfig) -> Result<ErrorsConfig, ConfigError> {
         );
         if let Err(err) = serde_json::from_str::<serde_json::Value>(&filled) {
             return Err(ConfigError::invalid(
-                "errors.template",
+                format!("{key}.template"),
                 format!("is not valid JSON once filled in ({err}): {filled}"),
             ));
         }
@@ -161,10 +147,7 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
     }
     let max_entries = match raw.max_entries {
         None => DEFAULT_MAX_ENTRIES,
-        Some(count) => usize::try_from(count.0)
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| ConfigError::invalid("store.max_entries", "must be at least 1"))?,
+        Some(count) => at_least_one(count, "store.max_entries")?,
     };
     let sentinel = raw
         .sentinel
@@ -424,14 +407,11 @@ fn normalise_route_path(path: &str, slashes: EscapedSlashes) -> Result<String, S
 
 /// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is refused, as
 /// RFC 9113 deprecates it and a joined h2c connection carries every later request past
-/// the guard. Default: `[websocket]`.
-fn build_upgrades(raw: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
-    let Some(raw) = raw else {
-        return Ok(vec!["websocket".to_owned()]);
-    };
+/// the guard.
+pub(super) fn build_upgrades(raw: Vec<String>, key: &str) -> Result<Vec<String>, ConfigError> {
     let mut upgrades = Vec::with_capacity(raw.len());
     for (index, name) in raw.into_iter().enumerate() {
-        let field = format!("upgrades[{index}]");
+        let field = format!("{key}[{index}]");
         let name = name.trim().to_ascii_lowercase();
         let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~/".contains(c);
         if name.is_empty() || !name.chars().all(token) {

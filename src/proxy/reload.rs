@@ -3,19 +3,18 @@
 //! requests already in flight keep the configuration they started with, and no connection
 //! is dropped.
 //!
-//! What applies: `routes`, `idempotency`, `upstream` (a new URL drains the old pool),
-//! `log.level`, `admin.token` (read by the admin listener per request), `route_match`,
-//! `shutdown_timeout`, `escaped_slashes`, `upgrades`, `listen_body_timeout`. What needs
-//! a restart, and is refused: the keys in [`RESTART_ONLY`]. A reload that changes where
-//! records are addressed ([`moved_addresses`]) is applied too, but logged at `warn` and
-//! counted, since retries of requests completed before it no longer find their records.
+//! What applies and what needs a restart, and is refused, is declared with each key in
+//! [`config::RELOAD`] (a new `upstream` URL drains the old pool). A reload that changes
+//! where records are addressed ([`moved_addresses`]) is applied too, but logged at `warn`
+//! and counted, since retries of requests completed before it no longer find their
+//! records.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use super::state::AppState;
-use crate::config::{Config, ConfigError, Policy};
+use crate::config::{self, Config, ConfigError, Policy, Reload};
 use crate::store::Store;
 
 /// Why a reload left the running configuration in force.
@@ -29,37 +28,16 @@ pub enum ReloadError {
     LogLevel(String),
 }
 
-/// Whether two configurations agree on one key.
-type Same = fn(&Config, &Config) -> bool;
-
-/// The keys a running proxy cannot change, each with how to read it: the listeners,
-/// the store and the log format (docs/behaviour.md §14), and what the accept loop and the
-/// answers were built with at start-up.
-const RESTART_ONLY: [(&str, Same); 10] = [
-    ("listen", |a, b| a.listen == b.listen),
-    ("admin.listen", |a, b| a.admin.listen == b.admin.listen),
-    ("store", |a, b| a.store == b.store),
-    ("log.format", |a, b| a.log.format == b.log.format),
-    ("max_connections", |a, b| {
-        a.max_connections == b.max_connections
-    }),
-    ("workers", |a, b| a.workers == b.workers),
-    ("max_buffered_bytes", |a, b| {
-        a.max_buffered_bytes == b.max_buffered_bytes
-    }),
-    ("listen_header_timeout", |a, b| {
-        a.listen_header_timeout == b.listen_header_timeout
-    }),
-    ("errors", |a, b| a.errors == b.errors),
-    ("listen_idle_timeout", |a, b| {
-        a.listen_idle_timeout == b.listen_idle_timeout
-    }),
-];
-
-/// Refuses a configuration that changes a key of [`RESTART_ONLY`].
+/// Refuses a configuration that changes a key that needs a restart
+/// ([`Reload::Restart`]), naming the first such key in file order.
 pub fn check(running: &Config, new: &Config) -> Result<(), ReloadError> {
-    match RESTART_ONLY.iter().find(|(_, same)| !same(running, new)) {
-        Some((field, _)) => Err(ReloadError::NeedsRestart(field)),
+    let changed = |key: &&config::ReloadKey| key.changed(running, new);
+    match config::RELOAD
+        .iter()
+        .filter(|key| key.reload == Reload::Restart)
+        .find(changed)
+    {
+        Some(key) => Err(ReloadError::NeedsRestart(key.name)),
         None => Ok(()),
     }
 }
@@ -218,6 +196,7 @@ mod tests {
                 "errors:\n  format: template\n  template: '{\"e\":\"{slug}\"}'\n",
                 "errors",
             ),
+            ("listen_idle_timeout: 1s\n", "listen_idle_timeout"),
         ] {
             let new = parse(&format!("{base}{extra}"));
             let err = check(&running, &new).expect_err(field);

@@ -14,6 +14,7 @@ mod errors;
 mod examples;
 mod keys;
 mod limits;
+mod reload;
 
 fn no_env(_: &str) -> Option<String> {
     None

@@ -1,0 +1,82 @@
+//! Every key has a reload class (docs/behaviour.md §14), and the README's reload table
+//! says what [`RELOAD`] declares.
+
+use std::collections::BTreeSet;
+
+use super::*;
+
+fn repo_file(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+fn declared(reload: Option<Reload>) -> BTreeSet<String> {
+    RELOAD
+        .iter()
+        .filter(|key| reload.is_none_or(|reload| key.reload == reload))
+        .map(|key| key.name.to_owned())
+        .collect()
+}
+
+/// The annotated example writes every top-level key; each has a class, or each of its
+/// keys has one when its section is declared key by key (`admin`, `log`).
+#[test]
+fn every_key_of_the_annotated_config_has_a_reload_class() {
+    let example: serde_yaml::Mapping =
+        serde_yaml::from_str(&repo_file("config/example.yaml")).unwrap();
+    let declared = declared(None);
+    for (key, value) in &example {
+        let key = key.as_str().unwrap();
+        if declared.contains(key) {
+            continue;
+        }
+        let prefix = format!("{key}.");
+        assert!(
+            declared.iter().any(|name| name.starts_with(&prefix)),
+            "config/example.yaml: {key} has no reload class in config::top"
+        );
+        for sub in value.as_mapping().unwrap().keys() {
+            let name = format!("{prefix}{}", sub.as_str().unwrap());
+            assert!(declared.contains(&name), "{name} has no reload class");
+        }
+    }
+    // And the example writes every declared key, so that the check above sees them all.
+    for name in &declared {
+        let top = name.split('.').next().unwrap();
+        assert!(example.contains_key(top), "config/example.yaml lacks {top}");
+    }
+}
+
+/// The keys in backticks of the README reload table's row whose second cell starts
+/// with `outcome`.
+fn readme_row(outcome: &str) -> BTreeSet<String> {
+    let readme = repo_file("README.md");
+    let (_, section) = readme
+        .split_once("### Reloading the configuration (SIGHUP)")
+        .unwrap();
+    let row = section
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| line.split('|').map(str::trim).collect::<Vec<_>>())
+        .find(|cells| cells.get(2).is_some_and(|cell| cell.starts_with(outcome)))
+        .unwrap_or_else(|| panic!("README: no reload row '{outcome}'"));
+    row[1]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_readme_reload_table_is_what_the_keys_declare() {
+    assert_eq!(
+        readme_row("need a restart"),
+        declared(Some(Reload::Restart))
+    );
+    assert_eq!(
+        readme_row("apply to requests that start after it"),
+        declared(Some(Reload::Applies))
+    );
+}
