@@ -16,6 +16,7 @@
 //!
 //! `render` goes the other way for `--check`.
 
+mod checks;
 mod interp;
 mod limits;
 mod policy;

@@ -11,13 +11,11 @@
 use std::net::SocketAddr;
 
 use http::Uri;
-use serde::{Deserialize, Deserializer};
 
+use super::ConfigError;
 use super::sections::RawUpstream;
-use super::sentinel::RawSentinel;
 use super::top::RawConfig;
-use super::values::{Addr, Count, Dur, Flag, Pick, UpstreamUrl};
-use super::{ConfigError, OnUnavailable, StoreKind};
+use super::values::{Addr, UpstreamUrl};
 
 /// Deserializes the interpolated document, naming the path of the first bad key.
 ///
@@ -181,36 +179,4 @@ impl RawConfig {
             ..RawConfig::default()
         }
     }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping of store keys")]
-pub(super) struct RawStore {
-    pub(super) kind: Option<Pick<StoreKind>>,
-    pub(super) url: Option<String>,
-    pub(super) urls: Option<Vec<String>>,
-    pub(super) cluster: Option<Flag>,
-    pub(super) key_prefix: Option<String>,
-    pub(super) timeout: Option<Dur>,
-    pub(super) on_unavailable: Option<Pick<OnUnavailable>>,
-    pub(super) max_entries: Option<Count>,
-    pub(super) path: Option<String>,
-    pub(super) fsync: Option<Flag>,
-    pub(super) sentinel: Option<RawSentinel>,
-    pub(super) min_replicas: Option<Count>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with listen and token")]
-pub(super) struct RawAdmin {
-    /// Outer `None`: key absent (default address); `Some(None)`: `listen: null`, which
-    /// disables the admin server.
-    #[serde(default, deserialize_with = "present")]
-    pub(super) listen: Option<Option<Addr>>,
-    pub(super) token: Option<String>,
-}
-
-/// Marks a key as present even when its value is `null`.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Addr>>, D::Error> {
-    Option::<Addr>::deserialize(d).map(Some)
 }

@@ -19,13 +19,14 @@
 use std::time::Duration;
 
 use http::{HeaderValue, Uri};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_yaml::Mapping;
 
 use super::render::{choice, duration, header_value, text, upstream_url};
+use super::sentinel::RawSentinel;
 use super::tls::{self, RawTls, UpstreamTls};
-use super::values::{ContentType, Dur, LogLevel, Pick, Raw, Text, UpstreamUrl};
-use super::{ErrorFormat, LogFormat};
+use super::values::{Addr, ContentType, Count, Dur, Flag, LogLevel, Pick, Raw, Text, UpstreamUrl};
+use super::{ErrorFormat, LogFormat, OnUnavailable, StoreKind};
 
 /// Generates a typed section, its `Default`, its raw form, the conversion from one to
 /// the other and the printing from one declaration per key.
@@ -203,4 +204,36 @@ mod tests {
             Ok(UpstreamConfig::default().url)
         );
     }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping of store keys")]
+pub(super) struct RawStore {
+    pub(super) kind: Option<Pick<StoreKind>>,
+    pub(super) url: Option<String>,
+    pub(super) urls: Option<Vec<String>>,
+    pub(super) cluster: Option<Flag>,
+    pub(super) key_prefix: Option<String>,
+    pub(super) timeout: Option<Dur>,
+    pub(super) on_unavailable: Option<Pick<OnUnavailable>>,
+    pub(super) max_entries: Option<Count>,
+    pub(super) path: Option<String>,
+    pub(super) fsync: Option<Flag>,
+    pub(super) sentinel: Option<RawSentinel>,
+    pub(super) min_replicas: Option<Count>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with listen and token")]
+pub(super) struct RawAdmin {
+    /// Outer `None`: key absent (default address); `Some(None)`: `listen: null`, which
+    /// disables the admin server.
+    #[serde(default, deserialize_with = "present")]
+    pub(super) listen: Option<Option<Addr>>,
+    pub(super) token: Option<String>,
+}
+
+/// Marks a key as present even when its value is `null`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Addr>>, D::Error> {
+    Option::<Addr>::deserialize(d).map(Some)
 }

@@ -33,11 +33,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_yaml::Mapping;
 
+use super::checks::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::policy::{RawPolicy, RawRoute};
-use super::raw::{RawAdmin, RawStore};
 use super::render::{choice, count, duration, errors, size, strings, workers};
+use super::sections::{RawAdmin, RawStore};
 use super::sections::{RawErrors, RawLog, RawUpstream};
-use super::validate::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::values::{Addr, Count, Dur, Pick, Raw, Size, WorkerCount};
 use super::{
     AdminConfig, ConfigError, ErrorsConfig, EscapedSlashes, LogConfig, Policy, Route, RouteMatch,

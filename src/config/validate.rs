@@ -3,15 +3,15 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use super::checks::at_least_one;
 use super::policy::RawRoute;
-use super::raw::{RawAdmin, RawStore};
-use super::sections::RawErrors;
+use super::sections::{RawAdmin, RawStore};
 use super::top::{RawConfig, Sections};
 use super::units;
-use super::values::{Choice, Count, Raw, WorkerCount};
+use super::values::{Choice, Raw};
 use super::{
-    AdminConfig, AdminToken, Config, ConfigError, ErrorFormat, ErrorsConfig, OnUnavailable, Policy,
-    Route, StoreConfig, StoreKind, UpstreamConfig, Workers, redact_url, url_secret_is_masked,
+    AdminConfig, AdminToken, Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig,
+    StoreKind, UpstreamConfig, redact_url, url_secret_is_masked,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::path::{self, EscapedSlashes};
@@ -50,33 +50,6 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     })
 }
 
-/// `max_connections`, `store.max_entries`: a count of at least 1.
-pub(super) fn at_least_one(count: Count, key: &str) -> Result<usize, ConfigError> {
-    usize::try_from(count.0)
-        .ok()
-        .filter(|n| *n >= 1)
-        .ok_or_else(|| ConfigError::invalid(key, "must be at least 1"))
-}
-
-pub(super) fn build_workers(raw: WorkerCount, key: &str) -> Result<Workers, ConfigError> {
-    let n = match raw {
-        WorkerCount::Auto => return Ok(Workers::Auto),
-        WorkerCount::Shared => return Ok(Workers::Shared),
-        WorkerCount::Count(n) => n,
-    };
-    usize::try_from(n)
-        .ok()
-        .filter(|n| *n <= Workers::MAX)
-        .and_then(std::num::NonZeroUsize::new)
-        .map(Workers::Count)
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                key,
-                format!("must be auto, shared, or between 1 and {}", Workers::MAX),
-            )
-        })
-}
-
 /// `upstream.tls` goes with an `https://` URL; its files were read while
 /// deserializing, and here they are put together once as the proxy will (without the
 /// system store), so that a key that does not fit its certificate is refused now.
@@ -92,35 +65,6 @@ fn build_upstream(upstream: UpstreamConfig) -> Result<UpstreamConfig, ConfigErro
             .map_err(|(path, msg)| ConfigError::invalid(path, msg))?;
     }
     Ok(upstream)
-}
-
-/// `format: template` needs a template that is JSON once filled in (docs/behaviour.md §16).
-pub(super) fn build_errors(raw: RawErrors, key: &str) -> Result<ErrorsConfig, ConfigError> {
-    let errors = raw.typed();
-    if errors.format == ErrorFormat::Template {
-        if errors.template.trim().is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{key}.template"),
-                "missing; format: template needs a template such as \
-                 '{\"error\":{\"code\":\"{slug}\",\"message\":\"{detail}\"}}'",
-            ));
-        }
-        // Filled in with values that need escaping, as real details may.
-        let filled = errors.fill(
-            "in-flight",
-            "https://idemgate.dev/problems/in-flight",
-            "Title \"quoted\"",
-            409,
-            "A detail with \"quotes\", a \\ and a\nnewline.",
-        );
-        if let Err(err) = serde_json::from_str::<serde_json::Value>(&filled) {
-            return Err(ConfigError::invalid(
-                format!("{key}.template"),
-                format!("is not valid JSON once filled in ({err}): {filled}"),
-            ));
-        }
-    }
-    Ok(errors)
 }
 
 fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
@@ -403,33 +347,4 @@ fn normalise_route_path(path: &str, slashes: EscapedSlashes) -> Result<String, S
     } else {
         trimmed.to_owned()
     })
-}
-
-/// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is refused, as
-/// RFC 9113 deprecates it and a joined h2c connection carries every later request past
-/// the guard.
-pub(super) fn build_upgrades(raw: Vec<String>, key: &str) -> Result<Vec<String>, ConfigError> {
-    let mut upgrades = Vec::with_capacity(raw.len());
-    for (index, name) in raw.into_iter().enumerate() {
-        let field = format!("{key}[{index}]");
-        let name = name.trim().to_ascii_lowercase();
-        let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~/".contains(c);
-        if name.is_empty() || !name.chars().all(token) {
-            return Err(ConfigError::invalid(
-                field,
-                format!("'{name}' is not a protocol name such as websocket"),
-            ));
-        }
-        if name == "h2c" || name.starts_with("h2c/") {
-            return Err(ConfigError::invalid(
-                field,
-                "h2c is never passed through: a joined h2c connection would carry every \
-                 later request past the guard (RFC 9113 deprecates it)",
-            ));
-        }
-        if !upgrades.contains(&name) {
-            upgrades.push(name);
-        }
-    }
-    Ok(upgrades)
 }
