@@ -36,8 +36,7 @@ use db::{Db, Reopen};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
 use index::{Index, Published};
 use op::Op;
-pub use watch::FileWatch;
-use watch::Watchers;
+pub use watch::{FileWaiters, FileWatch};
 use writer::Writer;
 
 mod backend;
@@ -138,7 +137,7 @@ pub struct FileStore<C: Clock = TokioClock> {
     /// Shared with the sweeper only weakly, so that dropping the store stops the writer.
     ops: Arc<Sender<Op>>,
     writer: Option<std::thread::JoinHandle<()>>,
-    watchers: Arc<Watchers>,
+    watchers: FileWaiters,
     metrics: FileMetrics,
     alive: Arc<AtomicBool>,
     clock: C,
@@ -182,7 +181,7 @@ impl<C: Clock + Clone> FileStore<C> {
             size: metrics.disk_bytes.clone(),
             serving: Arc::clone(&serving),
         };
-        let watchers = Arc::new(Watchers::default());
+        let watchers = FileWaiters::default();
         let alive = Arc::new(AtomicBool::new(true));
         let (ops, queue) = std::sync::mpsc::channel();
         let writer = Writer {
@@ -192,7 +191,7 @@ impl<C: Clock + Clone> FileStore<C> {
             index,
             published: Arc::clone(&published),
             metrics: metrics.clone(),
-            watchers: Arc::clone(&watchers),
+            watchers: watchers.clone(),
             file: opened.file,
             alive: Arc::clone(&alive),
             failed_bytes: 0,
@@ -422,7 +421,7 @@ impl<C: Clock> Store for FileStore<C> {
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<FileWatch, StoreError> {
-        Ok(watch::register(&self.watchers, key))
+        Ok(crate::store::KeyWatch::register(&self.watchers, key))
     }
 
     fn clock_ms(&self) -> u64 {

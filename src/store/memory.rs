@@ -10,13 +10,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
-pub use watch::MemoryWatch;
-use watch::Waiters;
-
-mod watch;
 
 /// The store's notion of "now", injectable so tests control time.
 pub trait Clock: Send + Sync + 'static {
@@ -67,7 +64,7 @@ struct Inner {
     order: VecDeque<(u64, ScopedKey)>,
     next_seq: u64,
     /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
-    watchers: HashMap<ScopedKey, Waiters>,
+    watchers: WaiterMap,
     /// Approximate bytes held by the records (bodies, headers, markers).
     bytes: u64,
     /// No in-flight marker here expires before this: a lower bound, exact after a scan.
@@ -84,7 +81,7 @@ impl Default for Inner {
             map: HashMap::new(),
             order: VecDeque::new(),
             next_seq: 0,
-            watchers: HashMap::new(),
+            watchers: WaiterMap::default(),
             bytes: 0,
             markers_expire_from: u64::MAX,
             #[cfg(test)]
@@ -115,9 +112,7 @@ fn size(slot: &Slot) -> u64 {
 impl Inner {
     /// Wakes everyone watching `key`; their entry goes with their last handle.
     fn changed(&self, key: &ScopedKey) {
-        if let Some(waiters) = self.watchers.get(key) {
-            waiters.wake();
-        }
+        self.watchers.wake(key);
     }
 
     /// Removes what is under `key`, waking its waiters (an expiry, an eviction).
@@ -203,9 +198,7 @@ impl Inner {
                 return true;
             }
             freed += size(slot);
-            if let Some(waiters) = watchers.get(key) {
-                waiters.wake();
-            }
+            watchers.wake(key);
             false
         });
         self.bytes -= freed;
@@ -299,6 +292,20 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 }
+
+/// The shards of a memory store, as its watch handles hold them: a waiter's entry lives
+/// in its key's shard, under the lock that guards the shard's records.
+#[derive(Debug, Clone)]
+pub struct MemoryShards(Arc<[Mutex<Inner>]>);
+
+impl Waiters for MemoryShards {
+    fn with_map<T>(&self, key: &ScopedKey, f: impl FnOnce(&mut WaiterMap) -> T) -> T {
+        f(&mut lock(shard_of(&self.0, key)).watchers)
+    }
+}
+
+/// A registered wake-up for one key of the memory store.
+pub type MemoryWatch = KeyWatch<MemoryShards>;
 
 /// How many shards a large memory store has.
 const SHARDS: usize = 16;
@@ -457,7 +464,10 @@ impl<C: Clock> Store for MemoryStore<C> {
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
-        Ok(watch::register(&self.shards, key))
+        Ok(KeyWatch::register(
+            &MemoryShards(Arc::clone(&self.shards)),
+            key,
+        ))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -12,11 +12,13 @@ pub mod file;
 mod memory;
 mod redis;
 mod timed;
+mod waiters;
 
-pub use file::{FileOptions, FileStore, FileWatch};
-pub use memory::{Clock, MemoryStore, MemoryWatch, TokioClock};
+pub use file::{FileOptions, FileStore, FileWaiters, FileWatch};
+pub use memory::{Clock, MemoryShards, MemoryStore, MemoryWatch, TokioClock};
 pub use redis::{RedisStore, RedisWatch};
 pub use timed::{Around, Deadline, Layered, Timed};
+pub use waiters::{KeyWatch, Registry, WaiterMap};
 
 /// What a claim attempt is for.
 #[derive(Debug, Clone, Copy)]

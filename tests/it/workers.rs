@@ -88,6 +88,20 @@ async fn post(addr: SocketAddr, path: &str, key: Option<&str>) -> Resp {
         .await
 }
 
+/// The process's thread names once `done` holds of them (at most 10 s): the port
+/// answers as soon as it is bound, before the worker threads are started and named.
+async fn thread_names_when(pid: u32, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let mut names = thread_names(pid);
+    for _ in 0..1000 {
+        if done(&names) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        names = thread_names(pid);
+    }
+    names
+}
+
 fn thread_names(pid: u32) -> Vec<String> {
     let mut names = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc") {
@@ -103,7 +117,10 @@ fn thread_names(pid: u32) -> Vec<String> {
 async fn each_worker_serves_on_its_own_thread_with_its_own_upstream_connections() {
     let up = PortsUpstream::start().await;
     let (_file, running) = start(&format!("http://{}", up.addr), 4, "").await;
-    let names = thread_names(running.pid());
+    let names = thread_names_when(running.pid(), |names| {
+        (1..4).all(|i| names.contains(&format!("worker-{i}")))
+    })
+    .await;
     for i in 1..4 {
         assert!(
             names.contains(&format!("worker-{i}")),
@@ -247,7 +264,10 @@ async fn access_lines_are_written_once_the_workers_are_idle_in_both_modes() {
         ));
         let path = file.path().to_string_lossy().into_owned();
         let running = Running::start(&["--config", &path]).await;
-        let names = thread_names(running.pid());
+        let names = thread_names_when(running.pid(), |names| {
+            names.iter().any(|n| n.starts_with("worker-")) == (workers == "2")
+        })
+        .await;
         assert_eq!(
             names.iter().any(|n| n.starts_with("worker-")),
             workers == "2",

@@ -1,39 +1,26 @@
-//! Waiters on the file store: one [`Notify`] per watched key, kept for exactly as long
-//! as a watch handle on the key exists. The writer wakes a key's waiters once the
-//! commit that changed the key is on disk.
+//! Waiters on the file store: the shared registry of `store/waiters.rs` behind a lock of
+//! its own. The writer wakes a key's waiters once the commit that changed the key is on
+//! disk.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
-
 use crate::idempotency::ScopedKey;
-use crate::store::Watch;
+use crate::store::{KeyWatch, Registry, WaiterMap};
 
-#[derive(Debug)]
-struct Waiters {
-    notify: Arc<Notify>,
-    handles: usize,
-}
+/// Every key someone waits on in the file store, shared by the store, its writer and
+/// the watch handles.
+#[derive(Debug, Default, Clone)]
+pub struct FileWaiters(Arc<Mutex<WaiterMap>>);
 
-/// Every key someone waits on.
-#[derive(Debug, Default)]
-pub(super) struct Watchers(Mutex<HashMap<ScopedKey, Waiters>>);
-
-impl Watchers {
-    fn lock(&self) -> MutexGuard<'_, HashMap<ScopedKey, Waiters>> {
+impl FileWaiters {
+    fn lock(&self) -> MutexGuard<'_, WaiterMap> {
         // Every mutation is one insert, update or remove: a panic leaves nothing half-done.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Wakes everyone watching `key`.
     pub(super) fn wake(&self, key: &ScopedKey) {
-        if let Some(waiters) = self.lock().get(key) {
-            waiters.notify.notify_waiters();
-        }
+        self.lock().wake(key);
     }
 
     #[cfg(test)]
@@ -42,57 +29,11 @@ impl Watchers {
     }
 }
 
-/// Adds a waiter on `key`; its wake-up is armed before it is returned, so a change
-/// before the first poll still wakes it.
-pub(super) fn register(watchers: &Arc<Watchers>, key: ScopedKey) -> FileWatch {
-    let notify = {
-        let mut map = watchers.lock();
-        let waiters = map.entry(key).or_insert_with(|| Waiters {
-            notify: Arc::new(Notify::new()),
-            handles: 0,
-        });
-        waiters.handles += 1;
-        Arc::clone(&waiters.notify)
-    };
-    let mut watch = FileWatch {
-        notified: Box::pin(notify.notified_owned()),
-        watchers: Arc::clone(watchers),
-        key,
-    };
-    watch.notified.as_mut().enable();
-    watch
-}
-
-/// A registered wake-up for one key of the file store. Dropping the last one of a key
-/// removes the key's entry.
-pub struct FileWatch {
-    notified: Pin<Box<OwnedNotified>>,
-    watchers: Arc<Watchers>,
-    key: ScopedKey,
-}
-
-impl std::fmt::Debug for FileWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileWatch")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
+impl Registry for FileWaiters {
+    fn with_map<T>(&self, _key: &ScopedKey, f: impl FnOnce(&mut WaiterMap) -> T) -> T {
+        f(&mut self.lock())
     }
 }
 
-impl Watch for FileWatch {
-    async fn changed(mut self) {
-        (&mut self.notified).await;
-    }
-}
-
-impl Drop for FileWatch {
-    fn drop(&mut self) {
-        let mut map = self.watchers.lock();
-        if let Entry::Occupied(mut waiters) = map.entry(self.key) {
-            waiters.get_mut().handles -= 1;
-            if waiters.get().handles == 0 {
-                waiters.remove();
-            }
-        }
-    }
-}
+/// A registered wake-up for one key of the file store.
+pub type FileWatch = KeyWatch<FileWaiters>;

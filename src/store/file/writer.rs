@@ -24,7 +24,7 @@ use super::disk::LOG;
 use super::index::{Index, Published};
 use super::op::{Answer, Op};
 use super::tx::Tx;
-use super::watch::Watchers;
+use super::watch::FileWaiters;
 use crate::idempotency::{OwnerToken, ScopedKey};
 
 /// At most this many operations share one commit.
@@ -41,7 +41,7 @@ pub(super) struct Writer {
     pub(super) index: Index,
     pub(super) published: Arc<Published>,
     pub(super) metrics: FileMetrics,
-    pub(super) watchers: Arc<Watchers>,
+    pub(super) watchers: FileWaiters,
     pub(super) file: std::path::PathBuf,
     /// Cleared when the writer stops, so that `/readyz` reports it.
     pub(super) alive: Arc<AtomicBool>,
