@@ -492,14 +492,7 @@ async fn a_keyless_body_read_for_a_json_source_counts_until_forwarded() {
         async move { c.send("POST", "/gate/orders", &[JSON], &body).await }
     });
     up.wait_for(1).await;
-    let buffered: u64 = proxy
-        .state
-        .metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix("idemgate_buffered_bytes "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("the gauge is exported");
+    let buffered = proxy.buffered_bytes();
     assert!(buffered >= 1000, "held while forwarding: {buffered}");
     up.open_gate();
     assert_eq!(held.await.expect("task").status, 201);

@@ -363,17 +363,6 @@ async fn idle_connections_are_closed_and_give_their_place_back() {
     assert_eq!(statuses(&String::from_utf8_lossy(&answer)), [201]);
 }
 
-fn buffered(proxy: &Proxy) -> u64 {
-    proxy
-        .state
-        .metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix("idemgate_buffered_bytes "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("the gauge is exported")
-}
-
 #[tokio::test]
 async fn the_body_budget_counts_bytes_held_and_a_stalled_body_gives_them_back() {
     let up = Upstream::start().await;
@@ -420,7 +409,7 @@ async fn the_body_budget_counts_bytes_held_and_a_stalled_body_gives_them_back() 
         assert_eq!(statuses(&answer), [408], "{answer}");
         assert!(answer.contains("body-timeout"), "{answer}");
     }
-    assert_eq!(buffered(&proxy), 0, "every share was given back");
+    assert_eq!(proxy.buffered_bytes(), 0, "every share was given back");
     assert_eq!(up.count(), 1, "nothing was forwarded for them");
     for key in ["s1", "s2"] {
         let retry = raw_request(

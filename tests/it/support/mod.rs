@@ -111,6 +111,17 @@ impl<S: Store> Proxy<S> {
             .expect("serve task")
     }
 
+    /// `idemgate_buffered_bytes`, as `/metrics` exports it.
+    pub fn buffered_bytes(&self) -> u64 {
+        self.state
+            .metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("idemgate_buffered_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the gauge is exported")
+    }
+
     pub fn client(&self) -> TestClient {
         TestClient::new(self.addr)
     }
