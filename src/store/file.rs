@@ -29,7 +29,7 @@ use prometheus_client::registry::{Registry, Unit};
 use redb::{ReadableDatabase, ReadableTable};
 use tokio::sync::oneshot;
 
-use super::memory::{Clock, TokioClock};
+use super::clock::{Clock, TokioClock};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
 use db::{Db, Reopen};

@@ -10,42 +10,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::clock::{Clock, TokioClock};
 use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
-
-/// The store's notion of "now", injectable so tests control time.
-pub trait Clock: Send + Sync + 'static {
-    /// Milliseconds since the Unix epoch.
-    fn now_ms(&self) -> u64;
-}
-
-/// Wall-clock time advanced by tokio's clock, so `tokio::time::pause()` and `advance()`
-/// drive expiry in tests.
-#[derive(Debug, Clone, Copy)]
-pub struct TokioClock {
-    base: tokio::time::Instant,
-    base_unix_ms: u64,
-}
-
-impl Default for TokioClock {
-    fn default() -> Self {
-        let base_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, millis);
-        Self {
-            base: tokio::time::Instant::now(),
-            base_unix_ms,
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now_ms(&self) -> u64 {
-        self.base_unix_ms + millis(self.base.elapsed())
-    }
-}
 
 #[derive(Debug)]
 struct Slot {

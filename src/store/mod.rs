@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey};
 
+mod clock;
 pub mod file;
 mod memory;
 mod redis;
 mod timed;
 mod waiters;
 
+pub use clock::{Clock, TokioClock};
 pub use file::{FileOptions, FileStore, FileWaiters, FileWatch};
-pub use memory::{Clock, MemoryShards, MemoryStore, MemoryWatch, TokioClock};
+pub use memory::{MemoryShards, MemoryStore, MemoryWatch};
 pub use redis::{RedisStore, RedisWatch};
 pub use timed::{Around, Deadline, Layered, Timed};
 pub use waiters::{KeyWatch, Registry, WaiterMap};
