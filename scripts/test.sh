@@ -47,6 +47,18 @@ fi
 PATH="$PWD/$venv/bin:$PATH"
 export PATH
 
+# cargo-deny checks the dependencies' licenses, bans and sources against deny.toml
+# (about 3 minutes to build the first time, into target/cargo-tools).
+if ! cargo deny --version >/dev/null 2>&1; then
+  if [ ! -x target/cargo-tools/bin/cargo-deny ]; then
+    echo "installing cargo-deny into target/cargo-tools"
+    cargo install --quiet --locked --root target/cargo-tools cargo-deny@0.20.2
+  fi
+  PATH="$PWD/target/cargo-tools/bin:$PATH"
+  export PATH
+fi
+cargo deny --log-level error check licenses bans sources
+
 # `failpoints` builds the crash points that tests/it/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
   # The benchmark harness is not a libtest binary; run without arguments it is its own
