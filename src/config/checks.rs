@@ -78,14 +78,11 @@ pub(super) fn build_upgrades(raw: Vec<String>, key: &str) -> Result<Vec<String>,
                 format!("'{name}' is not a protocol name such as websocket"),
             ));
         }
-        if name == "h2c" || name.starts_with("h2c/") {
-            return Err(ConfigError::invalid(
-                field,
-                "h2c is never passed through: a joined h2c connection would carry every \
-                 later request past the guard (RFC 9113 deprecates it)",
-            ));
-        }
-        if !upgrades.contains(&name) {
+        // h2c is never one of them (RFC 9113 deprecates it, and a joined h2c connection
+        // would carry every later request past the guard): listed or not, it is not in
+        // force, so it is not kept either, and `--check` prints what is.
+        let is_h2c = name == "h2c" || name.starts_with("h2c/");
+        if !is_h2c && !upgrades.contains(&name) {
             upgrades.push(name);
         }
     }

@@ -163,6 +163,16 @@ async fn a_websocket_upgrade_still_joins_and_a_101_to_another_protocol_does_not(
 }
 
 #[tokio::test]
+async fn h2c_listed_in_upgrades_is_still_never_forwarded() {
+    let server = RealServer::start(Upgrades::Honour).await;
+    let proxy = proxy_for(&server, "upgrades: [websocket, h2c]\n").await;
+    let answers = h2c_attack(&proxy).await;
+    assert_eq!(statuses(&answers), [201, 400, 400], "{answers}");
+    assert_eq!(server.switched(), 0);
+    assert_eq!(server.routes(), ["/webhooks"]);
+}
+
+#[tokio::test]
 async fn an_upgrade_to_an_unlisted_protocol_is_forwarded_as_a_plain_request() {
     let server = RealServer::start(Upgrades::Honour).await;
     let proxy = proxy_for(&server, "upgrades: []\n").await;
