@@ -50,7 +50,7 @@ pub fn normalise(sent: &str, slashes: EscapedSlashes) -> Result<Cow<'_, str>, Pa
     if !path.starts_with('/') {
         return Ok(Cow::Borrowed(path));
     }
-    if !path.contains(['%', '\\']) && is_normal(path)? {
+    if !path.contains('\\') && escapes_are_normal(path, slashes) && is_normal(path)? {
         return Ok(Cow::Borrowed(path));
     }
     if has_escape(path, 0x00) {
@@ -97,8 +97,8 @@ pub fn normalise(sent: &str, slashes: EscapedSlashes) -> Result<Cow<'_, str>, Pa
     Ok(Cow::Owned(normal))
 }
 
-/// Whether a path without `%` or `\` is already normal; a dot segment with parameters
-/// is refused here too.
+/// Whether a path without `\` and with normal escapes is already normal; a dot segment
+/// with parameters is refused here too.
 fn is_normal(path: &str) -> Result<bool, PathError> {
     let last = path.split('/').count() - 1;
     let mut normal = true;
@@ -112,6 +112,32 @@ fn is_normal(path: &str) -> Result<bool, PathError> {
         }
     }
     Ok(normal)
+}
+
+/// Whether every `%XX` of `path` is already as normalisation writes it (upper case, a
+/// reserved character) and none needs a look of its own (`%00`; `%2F` and `%5C` unless
+/// kept): the common case, checked without allocating.
+fn escapes_are_normal(path: &str, slashes: EscapedSlashes) -> bool {
+    let bytes = path.as_bytes();
+    bytes.iter().enumerate().all(|(i, b)| {
+        if *b != b'%' {
+            return true;
+        }
+        let upper = |at: usize| {
+            bytes
+                .get(at)
+                .is_some_and(|d| d.is_ascii_digit() || (b'A'..=b'F').contains(d))
+        };
+        if !(upper(i + 1) && upper(i + 2)) {
+            return false;
+        }
+        let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) else {
+            return false;
+        };
+        let byte = hi * 16 + lo;
+        let slash = matches!(byte, b'/' | b'\\') && slashes != EscapedSlashes::Keep;
+        !is_unreserved(byte) && byte != 0 && !slash
+    })
 }
 
 /// `.;x` or `..;x`: a dot segment that servers which strip parameters before resolving
