@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 use super::clock::{Clock, TokioClock};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, ScopedKey};
+use backend::Settings;
 use db::{Db, Reopen};
 pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
 use index::{Index, Published};
@@ -156,13 +157,13 @@ impl<C: Clock + Clone> FileStore<C> {
     pub fn open_with_clock(options: &FileOptions, clock: C) -> Result<Self, OpenError> {
         let metrics = FileMetrics::new();
         let serving = Arc::new(AtomicBool::new(false));
-        let opened = disk::open(
-            &options.path,
-            options.fsync,
-            metrics.syncs.clone(),
-            metrics.disk_bytes.clone(),
-            Arc::clone(&serving),
-        )?;
+        let settings = Settings {
+            fsync: options.fsync,
+            syncs: metrics.syncs.clone(),
+            size: metrics.disk_bytes.clone(),
+            serving: Arc::clone(&serving),
+        };
+        let opened = disk::open(&options.path, settings.clone())?;
         let index = Index::load(&opened.db).map_err(|err| OpenError::Corrupt {
             path: options.path.clone(),
             reason: err.to_string(),
@@ -176,10 +177,7 @@ impl<C: Clock + Clone> FileStore<C> {
         let reopen = Reopen {
             path: options.path.clone(),
             file: opened.file.clone(),
-            fsync: options.fsync,
-            syncs: metrics.syncs.clone(),
-            size: metrics.disk_bytes.clone(),
-            serving: Arc::clone(&serving),
+            settings,
         };
         let watchers = FileWaiters::default();
         let alive = Arc::new(AtomicBool::new(true));

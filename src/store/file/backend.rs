@@ -18,6 +18,19 @@ use redb::{BackendError, StorageBackend};
 
 use crate::failpoint;
 
+/// What a backend is opened with, the same at start and at every reopen after a failed
+/// write: whether it flushes, and where it counts what it does.
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    pub(super) fsync: bool,
+    /// Flushes to stable storage (`fdatasync`), for the flushes-per-request figure.
+    pub(super) syncs: Counter,
+    /// The file's size (`idemgate_store_disk_bytes`).
+    pub(super) size: Gauge,
+    /// Armed once the store is open (see [`Backend`]).
+    pub(super) serving: Arc<AtomicBool>,
+}
+
 #[derive(Debug)]
 pub(super) struct Backend {
     file: FileBackend,
@@ -33,13 +46,13 @@ pub(super) struct Backend {
 }
 
 impl Backend {
-    pub(super) fn new(
-        file: std::fs::File,
-        fsync: bool,
-        syncs: Counter,
-        size: Gauge,
-        serving: Arc<AtomicBool>,
-    ) -> Self {
+    pub(super) fn new(file: std::fs::File, settings: Settings) -> Self {
+        let Settings {
+            fsync,
+            syncs,
+            size,
+            serving,
+        } = settings;
         if let Ok(meta) = file.metadata() {
             size.set(bytes(meta.len()));
         }

@@ -19,10 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use redb::{Database, TableDefinition, WriteTransaction};
 
+use super::backend::Settings;
 use super::disk::{self, OpenError};
 use super::unavailable;
 use crate::store::StoreError;
@@ -121,26 +120,16 @@ impl Db {
 pub(super) struct Reopen {
     pub(super) path: PathBuf,
     pub(super) file: PathBuf,
-    pub(super) fsync: bool,
-    pub(super) syncs: Counter,
-    pub(super) size: Gauge,
-    pub(super) serving: Arc<AtomicBool>,
+    pub(super) settings: Settings,
 }
 
 impl Reopen {
     pub(super) fn open(&self) -> Result<Database, OpenError> {
         // The flushes of redb's recovery are not a commit's: the fail and crash points
         // "during a flush" skip them, as they skip those of the first open.
-        self.serving.store(false, Ordering::Relaxed);
-        let opened = disk::open_existing(
-            &self.path,
-            &self.file,
-            self.fsync,
-            self.syncs.clone(),
-            self.size.clone(),
-            Arc::clone(&self.serving),
-        );
-        self.serving.store(true, Ordering::Relaxed);
+        self.settings.serving.store(false, Ordering::Relaxed);
+        let opened = disk::open_existing(&self.path, &self.file, self.settings.clone());
+        self.settings.serving.store(true, Ordering::Relaxed);
         opened
     }
 }

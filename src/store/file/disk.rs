@@ -18,15 +18,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::backend::Backend;
+use super::backend::{Backend, Settings};
 use crate::idempotency::record::DecodeError;
 use crate::idempotency::{Record, ScopedKey};
 
@@ -142,13 +138,7 @@ pub(super) struct Opened {
 }
 
 /// Creates the directory if needed, takes the lock, and opens or creates the database.
-pub(super) fn open(
-    path: &Path,
-    fsync: bool,
-    syncs: Counter,
-    size: Gauge,
-    serving: Arc<AtomicBool>,
-) -> Result<Opened, OpenError> {
+pub(super) fn open(path: &Path, settings: Settings) -> Result<Opened, OpenError> {
     let at = || path.to_owned();
     std::fs::create_dir_all(path).map_err(|source| OpenError::Create { path: at(), source })?;
     let lock = OpenOptions::new()
@@ -181,9 +171,9 @@ pub(super) fn open(
         Err(source) => return Err(OpenError::Unreadable { path: at(), source }),
     };
     let db = if existed {
-        open_existing(path, &file, fsync, syncs, size, serving)?
+        open_existing(path, &file, settings)?
     } else {
-        create(path, &file, fsync, syncs, size, serving)?
+        create(path, &file, settings)?
     };
     Ok(Opened { db, lock, file })
 }
@@ -193,10 +183,7 @@ pub(super) fn open(
 pub(super) fn open_existing(
     path: &Path,
     file: &Path,
-    fsync: bool,
-    syncs: Counter,
-    size: Gauge,
-    serving: Arc<AtomicBool>,
+    settings: Settings,
 ) -> Result<Database, OpenError> {
     let at = || path.to_owned();
     check_header(file).map_err(|reason| OpenError::Corrupt { path: at(), reason })?;
@@ -206,7 +193,7 @@ pub(super) fn open_existing(
         .write(true)
         .open(file)
         .map_err(|source| OpenError::Unreadable { path: at(), source })?;
-    let backend = Backend::new(handle, fsync, syncs, size, serving);
+    let backend = Backend::new(handle, settings);
     let db = redb::Builder::new()
         .create_with_backend(backend)
         .map_err(|err| database_error(path, err))?;
@@ -230,14 +217,7 @@ pub(super) fn open_existing(
 /// Only an empty directory gets a new store. A directory with other files in it but no
 /// database may be a store whose file was lost or moved; starting afresh there would
 /// forget its keys without a word.
-fn create(
-    path: &Path,
-    file: &Path,
-    fsync: bool,
-    syncs: Counter,
-    size: Gauge,
-    serving: Arc<AtomicBool>,
-) -> Result<Database, OpenError> {
+fn create(path: &Path, file: &Path, settings: Settings) -> Result<Database, OpenError> {
     let at = || path.to_owned();
     check_empty(path)?;
     let staging = path.join(STAGING_FILE);
@@ -255,7 +235,7 @@ fn create(
         .open(&staging)
         .map_err(not_writable)?;
     let flush = handle.try_clone().map_err(not_writable)?;
-    let backend = Backend::new(handle, fsync, syncs, size, serving);
+    let backend = Backend::new(handle, settings);
     let db = redb::Builder::new()
         .create_with_backend(backend)
         .map_err(|err| database_error(path, err))?;
