@@ -83,6 +83,11 @@ pub(crate) enum TargetKind {
     File,
     /// The file store with `fsync: false`.
     FileNoSync,
+    /// The file store of another idemgate binary (`IDEMGATE_OTHER_BIN`), with `fsync:
+    /// true`: two engines compared on the same run.
+    OtherFile,
+    /// The same with `fsync: false`.
+    OtherFileNoSync,
     Nginx,
 }
 
@@ -95,6 +100,8 @@ impl TargetKind {
             TargetKind::RedisReplica => "idemgate-redis-replica",
             TargetKind::File => "idemgate-file",
             TargetKind::FileNoSync => "idemgate-file-nosync",
+            TargetKind::OtherFile => "other-file",
+            TargetKind::OtherFileNoSync => "other-file-nosync",
             TargetKind::Nginx => "nginx",
         }
     }
@@ -107,6 +114,8 @@ impl TargetKind {
                 | TargetKind::RedisReplica
                 | TargetKind::File
                 | TargetKind::FileNoSync
+                | TargetKind::OtherFile
+                | TargetKind::OtherFileNoSync
         )
     }
 }

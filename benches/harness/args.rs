@@ -23,7 +23,9 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       median of the N rounds' values, with their range   [1]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
-  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the baseline
+  --targets LIST      subset of memory,redis,file,file-nosync,nginx, and
+                      other-file,other-file-nosync: the file store of the binary
+                      IDEMGATE_OTHER_BIN, to compare two engines (the baseline
                       always runs), or redis-replica (not in the default run): Redis
                       with a replica and store.min_replicas: 1
   --scenarios LIST    subset of unguarded,miss,hit,json-key
@@ -174,6 +176,8 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "redis-replica" => Some(TargetKind::RedisReplica),
                     "file" => Some(TargetKind::File),
                     "file-nosync" => Some(TargetKind::FileNoSync),
+                    "other-file" => Some(TargetKind::OtherFile),
+                    "other-file-nosync" => Some(TargetKind::OtherFileNoSync),
                     "nginx" => Some(TargetKind::Nginx),
                     _ => None,
                 })?;

@@ -66,7 +66,10 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
             ttl: Some(plan.ttl),
             ..Tuning::default()
         };
-        let store = Store::File { fsync: plan.fsync };
+        let store = Store::File {
+            fsync: plan.fsync,
+            other: false,
+        };
         std::fs::write(
             &config,
             procs::idemgate_yaml(port, upstream, store, &plan.log_level, tuning, dir.path()),

@@ -212,6 +212,8 @@ pub(crate) enum Store {
     /// The file store, in a directory of the harness's temp dir.
     File {
         fsync: bool,
+        /// Another binary's store (`IDEMGATE_OTHER_BIN`): a directory of its own.
+        other: bool,
     },
 }
 
@@ -239,6 +241,18 @@ pub(crate) fn file_store_dir(dir: &Path, fsync: bool) -> PathBuf {
     })
 }
 
+/// The other binary of `--targets other-file,...`: `IDEMGATE_OTHER_BIN`.
+pub(crate) fn other_bin() -> Result<PathBuf, BoxError> {
+    let path = std::env::var_os("IDEMGATE_OTHER_BIN")
+        .map(PathBuf::from)
+        .ok_or("the other-file targets need IDEMGATE_OTHER_BIN: the binary to compare")?;
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("IDEMGATE_OTHER_BIN: no binary at {}", path.display()).into())
+    }
+}
+
 /// idemgate's config: `/charges` guarded (key required), `/orders` guarded with the key
 /// in the JSON body and a canonical-JSON fingerprint, `/unguarded` passed through,
 /// no admin listener unless `tuning` asks for one, `log.level` as given (`warn` by
@@ -258,10 +272,18 @@ pub(crate) fn idemgate_yaml(
         Store::RedisReplicated(port) => {
             format!("  kind: redis\n  url: redis://127.0.0.1:{port}/0\n  min_replicas: 1\n")
         }
-        Store::File { fsync } => format!(
-            "  kind: file\n  path: {}\n  fsync: {fsync}\n",
-            file_store_dir(dir, fsync).display()
-        ),
+        Store::File { fsync, other } => {
+            let path = file_store_dir(dir, fsync);
+            let path = if other {
+                path.with_extension("other")
+            } else {
+                path
+            };
+            format!(
+                "  kind: file\n  path: {}\n  fsync: {fsync}\n",
+                path.display()
+            )
+        }
     };
     let idempotency = tuning.ttl.map_or_else(String::new, |ttl| {
         let ms = ttl.as_millis().max(1);

@@ -73,9 +73,17 @@ pub(crate) async fn start(
     procs.push(proc);
 
     let idemgate = procs::idemgate_bin()?;
+    let other = [TargetKind::OtherFile, TargetKind::OtherFileNoSync]
+        .iter()
+        .any(|kind| wanted.contains(kind))
+        .then(procs::other_bin)
+        .transpose()?;
     let start_idemgate = |kind: TargetKind, store: Store, admin_port: Option<u16>| {
         let dir = dir.to_owned();
-        let bin = idemgate.clone();
+        let bin = match (&store, &other) {
+            (Store::File { other: true, .. }, Some(other)) => other.clone(),
+            _ => idemgate.clone(),
+        };
         async move {
             let config = dir.join(format!("{}.yaml", kind.name()));
             procs::spawn_server(kind.name(), &dir, false, |port| {
@@ -196,10 +204,16 @@ pub(crate) async fn start(
     }
     // The file store in the harness's temp dir, with and without fsync; its admin port
     // serves the flush counters.
-    for (kind, fsync) in [(TargetKind::File, true), (TargetKind::FileNoSync, false)] {
+    for (kind, fsync, other) in [
+        (TargetKind::File, true, false),
+        (TargetKind::FileNoSync, false, false),
+        (TargetKind::OtherFile, true, true),
+        (TargetKind::OtherFileNoSync, false, true),
+    ] {
         if wanted.contains(&kind) {
             let admin = procs::free_port()?;
-            let (proc, addr) = start_idemgate(kind, Store::File { fsync }, Some(admin)).await?;
+            let store = Store::File { fsync, other };
+            let (proc, addr) = start_idemgate(kind, store, Some(admin)).await?;
             targets.push(Target {
                 kind,
                 addr,

@@ -1,56 +1,55 @@
 //! The durable embedded store (docs/behaviour.md §12): one process, no Redis, keys that
-//! survive a restart and a `kill -9`. Built on redb (one file, copy-on-write B-tree,
-//! checksummed commits): see the README for why redb rather than fjall.
+//! survive a restart and a `kill -9`. It is the memory store's shards (the per-key rules
+//! of `rules.rs`, the same code) whose every change is also appended to a journal on
+//! disk: see the README for why a journal rather than redb or fjall.
 //!
-//! - Reads (a replay, a duplicate finding a marker) are served on the caller's thread
-//!   from a read transaction, which sees only committed data.
-//! - Every change goes through one writer thread (`writer.rs`) that commits what is
-//!   queued in one transaction: a claim is on disk before `claim` returns `Acquired`,
-//!   a record before `complete` returns, and concurrent requests share one flush.
-//! - Semantics are the memory store's: ttl from completion, leases and fencing, eviction
-//!   of completed records oldest first at `max_entries`, never a marker, `Full` when
-//!   only markers are left. Times are wall-clock Unix milliseconds, so a marker written
-//!   before a crash is judged against the clock after the restart.
-//! - Expired entries are removed in the background (a sweep every second, and a few
-//!   with every commit), so a steady load of fresh keys keeps the file's size flat.
-//! - A failed write (a full disk) is refused, and the database is opened again at once;
-//!   the store is not ready until a write succeeds, which it tries every second.
+//! - Every change is encoded under its key's shard lock and queued (`queue.rs`); one
+//!   writer thread (`writer.rs`) appends what is queued with one write and, with
+//!   `fsync`, one `fdatasync`: concurrent requests share one flush (group commit).
+//! - An answer waits until the change it depends on is on disk: a claim is on disk
+//!   before `claim` returns `Acquired`, a record before `complete` returns, and a
+//!   duplicate never replays a record a crash could take back.
+//! - Reads (a replay, a duplicate finding a marker) come from memory.
+//! - On open the journal is read once into the shards (`journal.rs`: checksummed
+//!   frames, a torn tail cut off). When it has grown past twice its size after the last
+//!   compaction, the live records are written to a new journal that replaces it.
+//! - Times are wall-clock Unix milliseconds, so a marker written before a crash is
+//!   judged against the clock after the restart. Expired entries are dropped every
+//!   second.
+//! - A failed write (a full disk) fails every change not yet on disk, and the shards
+//!   are loaded again from the journal; the store is not ready until a write succeeds,
+//!   which it probes for every second.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use redb::{ReadableDatabase, ReadableTable};
-use tokio::sync::oneshot;
 
 use super::clock::{Clock, TokioClock};
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
-use crate::idempotency::{Completed, OwnerToken, ScopedKey};
-use backend::Settings;
-use db::{Db, Reopen};
-pub use disk::{DB_FILE, FORMAT, LOCK_FILE, OpenError, check_path};
-use index::{Index, Published};
-use op::Op;
-pub use watch::{FileWaiters, FileWatch};
+use super::memory::MemoryWatch;
+use super::{
+    Claim, ClaimRequest, Fenced, Inspection, Lease, MemoryStore, Purged, Store, StoreError,
+};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+pub use journal::dir::{LOCK_FILE, OpenError, check_path};
+use journal::{Entry, Journal};
+pub use journal::{FORMAT, FORMAT_AT, HEADER_LEN, JOURNAL_FILE};
+pub use queue::Journaled;
+use queue::Queue;
 use writer::Writer;
 
-mod backend;
-mod db;
-mod disk;
-mod index;
-mod op;
-mod tx;
-mod watch;
+mod journal;
+mod queue;
 mod writer;
 
-/// How often expired entries are looked for when nothing else commits.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often expired entries are dropped, compaction considered, and room probed for.
+const TICK_EVERY: Duration = Duration::from_secs(1);
 
 /// What `store` says about a file store.
 #[derive(Debug, Clone)]
@@ -73,16 +72,13 @@ impl FileOptions {
     }
 }
 
-/// The file store's gauges and counters, shared with its writer thread.
+/// The file store's own gauges and counters, shared with its writer thread.
 #[derive(Debug, Clone)]
 pub(super) struct FileMetrics {
-    entries: Gauge,
-    bytes: Gauge,
     disk_bytes: Gauge,
-    evictions: Counter,
     expired: Counter,
     flushes: Counter,
-    /// `fdatasync` calls; redb may make more than one per commit.
+    /// `fdatasync` calls.
     syncs: Counter,
     flush_seconds: Histogram,
 }
@@ -90,27 +86,13 @@ pub(super) struct FileMetrics {
 impl FileMetrics {
     fn new() -> Self {
         Self {
-            entries: Gauge::default(),
-            bytes: Gauge::default(),
             disk_bytes: Gauge::default(),
-            evictions: Counter::default(),
             expired: Counter::default(),
             flushes: Counter::default(),
             syncs: Counter::default(),
-            // 50 µs .. ~1.6 s: a page-cache commit to a slow disk's flush.
+            // 50 µs .. ~1.6 s: a page-cache write to a slow disk's flush.
             flush_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
         }
-    }
-
-    fn observe_commit(&self, elapsed: Duration, index: &Index) {
-        self.flushes.inc();
-        self.flush_seconds.observe(elapsed.as_secs_f64());
-        self.set_counts(index);
-    }
-
-    fn set_counts(&self, index: &Index) {
-        self.entries.set(gauge(index.keys.len() as u64));
-        self.bytes.set(gauge(index.bytes));
     }
 }
 
@@ -123,25 +105,21 @@ fn unavailable(why: String) -> StoreError {
     StoreError::Unavailable(why.into())
 }
 
-fn db_error(err: impl Into<redb::Error>) -> StoreError {
-    StoreError::Unavailable(Box::new(err.into()))
+/// Whether the writer runs and its last write succeeded: what `/readyz` reports.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    alive: AtomicBool,
+    failing: AtomicBool,
 }
 
-/// The file store. Dropping it stops the writer (after what is queued) and closes the
-/// database cleanly.
+/// The file store. Dropping it stops the writer once it has written what is queued.
 #[derive(Debug)]
 pub struct FileStore<C: Clock = TokioClock> {
-    /// Opened again by the writer after a failed write.
-    db: Arc<Db>,
-    /// Each key's committed log id, kept by the writer.
-    published: Arc<Published>,
-    /// Shared with the sweeper only weakly, so that dropping the store stops the writer.
-    ops: Arc<Sender<Op>>,
+    core: Arc<MemoryStore<C, Journaled>>,
+    queue: Arc<Queue>,
     writer: Option<std::thread::JoinHandle<()>>,
-    watchers: FileWaiters,
+    health: Arc<Health>,
     metrics: FileMetrics,
-    alive: Arc<AtomicBool>,
-    clock: C,
     path: PathBuf,
 }
 
@@ -153,79 +131,75 @@ impl FileStore<TokioClock> {
     }
 }
 
+/// Loads one journal entry into the locked shards; a record that does not decode is
+/// reported (a checksummed frame held it: the store is not one this version reads).
+fn load(shards: &mut super::memory::AllShards<'_>, entry: Entry<'_>) -> Result<(), String> {
+    match entry {
+        Entry::Put {
+            key,
+            expires_ms,
+            record,
+        } => {
+            let record = Record::decode(Bytes::copy_from_slice(record)).map_err(|err| {
+                format!("a record of key {} does not decode: {err}", key.to_hex())
+            })?;
+            shards.load(key, record, expires_ms);
+        }
+        Entry::Remove { key } => shards.unload(&key),
+    }
+    Ok(())
+}
+
 impl<C: Clock + Clone> FileStore<C> {
     pub fn open_with_clock(options: &FileOptions, clock: C) -> Result<Self, OpenError> {
         let metrics = FileMetrics::new();
-        let serving = Arc::new(AtomicBool::new(false));
-        let settings = Settings {
-            fsync: options.fsync,
-            syncs: metrics.syncs.clone(),
-            size: metrics.disk_bytes.clone(),
-            serving: Arc::clone(&serving),
+        let queue = Queue::new(0);
+        let core = Arc::new(MemoryStore::durable(
+            options.max_entries,
+            clock.clone(),
+            Journaled(Arc::clone(&queue)),
+        ));
+        let mut undecodable = None;
+        let journal = {
+            let mut shards = core.lock_all();
+            Journal::open(&options.path, options.fsync, |entry| {
+                if undecodable.is_none()
+                    && let Err(why) = load(&mut shards, entry)
+                {
+                    undecodable = Some(why);
+                }
+            })?
         };
-        let opened = disk::open(&options.path, settings.clone())?;
-        let index = Index::load(&opened.db).map_err(|err| OpenError::Corrupt {
-            path: options.path.clone(),
-            reason: err.to_string(),
-        })?;
-        metrics.set_counts(&index);
-        let published = Arc::new(Published::from(&index));
-        if let Ok(meta) = std::fs::metadata(&opened.file) {
-            metrics.disk_bytes.set(gauge(meta.len()));
+        if let Some(reason) = undecodable {
+            return Err(OpenError::Corrupt {
+                path: options.path.clone(),
+                reason,
+            });
         }
-        let db = Arc::new(Db::new(opened.db));
-        let reopen = Reopen {
-            path: options.path.clone(),
-            file: opened.file.clone(),
-            settings,
-        };
-        let watchers = FileWaiters::default();
-        let alive = Arc::new(AtomicBool::new(true));
-        let (ops, queue) = std::sync::mpsc::channel();
-        let writer = Writer {
-            db: Arc::clone(&db),
-            reopen,
-            max_entries: options.max_entries.max(1) as u64,
-            index,
-            published: Arc::clone(&published),
-            metrics: metrics.clone(),
-            watchers: watchers.clone(),
-            file: opened.file,
-            alive: Arc::clone(&alive),
-            failed_bytes: 0,
-            written: 0,
-            claimed: Vec::new(),
-            unsure: Vec::new(),
-        };
-        // The lock file goes with the writer: held until the database is closed.
-        let lock = opened.lock;
+        metrics.disk_bytes.set(gauge(journal.len()));
+        let health = Arc::new(Health::default());
+        health.alive.store(true, Ordering::Relaxed);
+        let writer = Writer::new(
+            Arc::clone(&core),
+            journal,
+            Arc::clone(&queue),
+            metrics.clone(),
+            Arc::clone(&health),
+        );
         let writer = std::thread::Builder::new()
             .name("idemgate-file-store".to_owned())
-            .spawn(move || {
-                writer.run(&queue);
-                drop(lock);
-            })
+            .spawn(move || writer.run())
             .map_err(|source| OpenError::NotWritable {
                 path: options.path.clone(),
                 source,
             })?;
-        serving.store(true, Ordering::Relaxed);
-        let ops = Arc::new(ops);
-        tokio::spawn(sweep(
-            Arc::downgrade(&ops),
-            Arc::downgrade(&published),
-            Arc::downgrade(&db),
-            clock.clone(),
-        ));
+        tokio::spawn(tick(Arc::downgrade(&queue), clock));
         Ok(Self {
-            db,
-            published,
-            ops,
+            core,
+            queue,
             writer: Some(writer),
-            watchers,
+            health,
             metrics,
-            alive,
-            clock,
             path: options.path.clone(),
         })
     }
@@ -234,7 +208,7 @@ impl<C: Clock + Clone> FileStore<C> {
 impl<C: Clock> FileStore<C> {
     /// Entries held, expired ones not yet removed included.
     pub fn len(&self) -> u64 {
-        u64::try_from(self.metrics.entries.get()).unwrap_or(0)
+        self.core.len() as u64
     }
 
     pub fn is_empty(&self) -> bool {
@@ -243,10 +217,10 @@ impl<C: Clock> FileStore<C> {
 
     /// Live records evicted early because the store was full.
     pub fn evictions(&self) -> u64 {
-        self.metrics.evictions.get()
+        self.core.evictions()
     }
 
-    /// Commits so far (each one flush).
+    /// Writes to the journal so far (each one flush with `fsync`).
     pub fn flushes(&self) -> u64 {
         self.metrics.flushes.get()
     }
@@ -255,108 +229,39 @@ impl<C: Clock> FileStore<C> {
     pub fn path(&self) -> &Path {
         &self.path
     }
-
-    /// Queues `op` and waits for the writer's answer, given once it is on disk.
-    async fn send<T>(
-        &self,
-        op: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
-    ) -> Result<T, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.ops
-            .send(op(reply))
-            .map_err(|_| unavailable("the file store's writer has stopped".to_owned()))?;
-        answer.await.unwrap_or_else(|_| {
-            Err(unavailable(
-                "the file store's writer did not answer (commit failed or writer stopped)"
-                    .to_owned(),
-            ))
-        })
-    }
-
-    /// What a claim finds without writing: a live record, or `None` when the key is
-    /// free (or expired) and the writer has to decide.
-    ///
-    /// The published id may already be gone from the log (a commit replaced it since):
-    /// then the writer decides, as for a free key.
-    fn read(&self, key: &ScopedKey, now: u64) -> Result<Option<Claim>, StoreError> {
-        Ok(self.read_committed(key, now)?.map(|found| Claim::Existing {
-            record: found.record,
-            now_ms: now,
-        }))
-    }
-
-    /// The committed, unexpired version of `key`.
-    fn read_committed(&self, key: &ScopedKey, now: u64) -> Result<Option<Inspection>, StoreError> {
-        let Some(id) = self.published.id(key) else {
-            return Ok(None);
-        };
-        let txn = self.db.get()?.begin_read().map_err(db_error)?;
-        let log = txn.open_table(disk::LOG).map_err(db_error)?;
-        let Some(value) = log.get(id).map_err(db_error)? else {
-            return Ok(None);
-        };
-        let value = value.value();
-        match disk::head(value) {
-            Ok(head) if head.key == *key && head.expires_ms > now => Ok(Some(Inspection {
-                record: disk::record(value).map_err(StoreError::Corrupt)?,
-                expires_at_ms: head.expires_ms,
-                now_ms: now,
-            })),
-            _ => Ok(None),
-        }
-    }
 }
 
 impl<C: Clock> Drop for FileStore<C> {
     fn drop(&mut self) {
-        // Closing the queue stops the writer once it has committed what was queued;
-        // it closes the database cleanly and releases the lock.
-        let (closed, _) = std::sync::mpsc::channel();
-        drop(std::mem::replace(&mut self.ops, Arc::new(closed)));
+        self.queue.close();
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
     }
 }
 
-/// The background expiry: asks the writer to sweep when something has expired, and
-/// every time while a failed write has not been followed by a good one: the writer then
-/// writes a probe of its own, so the store becomes ready again once there is room.
-async fn sweep<C: Clock>(
-    ops: Weak<Sender<Op>>,
-    published: Weak<Published>,
-    db: Weak<Db>,
-    clock: C,
-) {
-    let mut tick = tokio::time::interval(SWEEP_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// The writer's clock: asks it every second to drop what has expired, to compact the
+/// journal when it has grown, and to probe for room after a failed write.
+async fn tick<C: Clock>(queue: Weak<Queue>, clock: C) {
+    let mut every = tokio::time::interval(TICK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
-        let now = clock.now_ms();
-        let Some(published) = published.upgrade() else {
+        every.tick().await;
+        let Some(queue) = queue.upgrade() else {
             return;
         };
-        let unhealthy = db.upgrade().is_some_and(|db| !db.healthy());
-        let due = published.next_expiry() <= now || unhealthy;
-        drop(published);
-        if due {
-            let Some(ops) = ops.upgrade() else { return };
-            if ops.send(Op::Sweep { now }).is_err() {
-                return;
-            }
-        }
+        queue.tick(clock.now_ms());
     }
 }
+
+/// A registered wake-up for one key of the file store.
+pub type FileWatch = MemoryWatch;
 
 impl<C: Clock> Store for FileStore<C> {
     type Watch = FileWatch;
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        let now = self.clock.now_ms();
-        if let Some(existing) = self.read(&req.key, now)? {
-            return Ok(existing);
-        }
-        self.send(|reply| Op::Claim { req, now, reply }).await
+        self.core.claim(req).await
     }
 
     async fn complete(
@@ -365,42 +270,15 @@ impl<C: Clock> Store for FileStore<C> {
         record: Arc<Completed>,
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
-        let now = self.clock.now_ms();
-        let (key, token) = (lease.key, lease.token);
-        self.send(|reply| Op::Complete {
-            key,
-            token,
-            record,
-            ttl,
-            now,
-            reply,
-        })
-        .await
+        self.core.complete(lease, record, ttl).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        let now = self.clock.now_ms();
-        let (key, token) = (lease.key, lease.token);
-        self.send(|reply| Op::Release {
-            key,
-            token,
-            now,
-            reply,
-        })
-        .await
+        self.core.release(lease).await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
-        let now = self.clock.now_ms();
-        let (key, token) = (lease.key, lease.token);
-        self.send(|reply| Op::Renew {
-            key,
-            token,
-            lease_for,
-            now,
-            reply,
-        })
-        .await
+        self.core.renew(lease, lease_for).await
     }
 
     async fn take_over(
@@ -408,97 +286,68 @@ impl<C: Clock> Store for FileStore<C> {
         stale: OwnerToken,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
-        let now = self.clock.now_ms();
-        self.send(|reply| Op::TakeOver {
-            stale,
-            req,
-            now,
-            reply,
-        })
-        .await
+        self.core.take_over(stale, req).await
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<FileWatch, StoreError> {
-        Ok(crate::store::KeyWatch::register(&self.watchers, key))
+        self.core.watch(key).await
     }
 
     fn clock_ms(&self) -> u64 {
-        self.clock.now_ms()
+        self.core.clock_ms()
     }
 
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
-        self.read_committed(&key, self.clock.now_ms())
+        self.core.inspect(key).await
     }
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
-        let now = self.clock.now_ms();
-        self.send(|reply| Op::Purge {
-            key,
-            force,
-            now,
-            reply,
-        })
-        .await
+        self.core.purge(key, force).await
     }
 
-    /// Ready while the database is open, its writer runs, and no write has failed since
-    /// the last one that succeeded.
+    /// Ready while the writer runs and no write has failed since the last one that
+    /// succeeded.
     async fn ping(&self) -> Result<(), StoreError> {
-        if !self.alive.load(Ordering::Relaxed) {
+        if !self.health.alive.load(Ordering::Relaxed) {
             return Err(unavailable(
                 "the file store's writer has stopped".to_owned(),
             ));
         }
-        if !self.db.healthy() {
+        if self.health.failing.load(Ordering::Relaxed) {
             return Err(unavailable(
                 "the file store's last write failed (disk full?); retrying".to_owned(),
             ));
         }
-        self.db.get()?.begin_read().map(drop).map_err(db_error)
+        Ok(())
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
+        self.core.register_shared_metrics(registry, "file");
         let m = &self.metrics;
-        registry.register(
-            "idemgate_store_evictions",
-            "Completed records evicted before their ttl because the file store was full",
-            m.evictions.clone(),
-        );
         registry.register(
             "idemgate_store_expired",
             "Records and markers removed by the file store's background expiry",
             m.expired.clone(),
         );
-        registry.register(
-            "idemgate_store_entries",
-            "Records and markers held by the file store",
-            m.entries.clone(),
-        );
-        registry.register_with_unit(
-            "idemgate_store",
-            "Bytes of records held by the file store (values as stored)",
-            Unit::Bytes,
-            m.bytes.clone(),
-        );
         registry.register_with_unit(
             "idemgate_store_disk",
-            "Size of the file store's database file",
+            "Size of the file store's journal file",
             Unit::Bytes,
             m.disk_bytes.clone(),
         );
         registry.register(
             "idemgate_store_flushes",
-            "Commits of the file store; concurrent requests share one (group commit)",
+            "Writes to the file store's journal; concurrent requests share one (group commit)",
             m.flushes.clone(),
         );
         registry.register(
             "idemgate_store_fsyncs",
-            "Flushes to stable storage (fdatasync) made by the file store's commits",
+            "Flushes to stable storage (fdatasync) made by the file store",
             m.syncs.clone(),
         );
         registry.register_with_unit(
             "idemgate_store_flush",
-            "Time to apply and commit one batch of the file store, flush included",
+            "Time to write and flush one batch of the file store's journal",
             Unit::Seconds,
             m.flush_seconds.clone(),
         );

@@ -1,8 +1,8 @@
-//! The embedded store: one process, no Redis. Bounded by `max_entries`; completed
-//! records expire after their ttl and are evicted oldest first when full; in-flight
-//! markers are never evicted (evicting one would let a duplicate execute).
+//! The embedded store: one process, no Redis. Shards of the per-key rules' index
+//! (`rules.rs`), bounded by `max_entries`. On its own it is the memory store; with a
+//! [`Durability`] that journals every change it is the file store's core (`file/`).
 
-use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -11,173 +11,52 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::clock::{Clock, TokioClock};
+use super::rules::{Effects, Index, Slot};
 use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError, millis};
-use crate::idempotency::record::IN_FLIGHT_LEN;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 
-#[derive(Debug)]
-struct Slot {
-    record: Record,
-    expires_ms: u64,
-    /// Position in the completion order; only completed records have one.
-    seq: Option<u64>,
+/// What makes the shards' changes outlive the process. Called under the lock of the
+/// changed key's shard, so that a key's changes reach it in the order they were made.
+pub trait Durability: Send + Sync + 'static {
+    /// Records that `key` holds `record` until `expires_ms`; returns the change's ticket.
+    fn put(&self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64;
+    /// Records that `key` holds nothing; returns the change's ticket.
+    fn remove(&self, key: &ScopedKey) -> u64;
+    /// Waits until the change with `ticket`, and every one before it, is durable. An
+    /// answer is given only then: nobody acts on a state a crash could take back.
+    fn settle(&self, ticket: u64) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-#[derive(Debug)]
+/// The memory store's durability: none. Every ticket is settled at once.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Volatile;
+
+impl Durability for Volatile {
+    fn put(&self, _key: &ScopedKey, _record: &Record, _expires_ms: u64) -> u64 {
+        0
+    }
+
+    fn remove(&self, _key: &ScopedKey) -> u64 {
+        0
+    }
+
+    fn settle(&self, _ticket: u64) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
+
+/// One shard: its records and the requests waiting (`on_concurrent: wait`) for one of
+/// its keys to change, under one lock.
+#[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<ScopedKey, Slot>,
-    /// Completed records by completion order: the eviction queue. Entries of records
-    /// removed since are left in place and skipped when they come up (their `seq` no
-    /// longer matches), so every operation on it is O(1).
-    order: VecDeque<(u64, ScopedKey)>,
-    next_seq: u64,
-    /// Requests waiting (`on_concurrent: wait`) for a key's marker to change.
+    index: Index,
     watchers: WaiterMap,
-    /// Approximate bytes held by the records (bodies, headers, markers).
-    bytes: u64,
-    /// No in-flight marker here expires before this: a lower bound, exact after a scan.
-    /// A shard full of live markers then refuses a claim without scanning.
-    markers_expire_from: u64,
-    /// Scans for expired entries, for the tests.
-    #[cfg(test)]
-    scans: usize,
 }
 
-impl Default for Inner {
-    fn default() -> Self {
-        Self {
-            map: HashMap::new(),
-            order: VecDeque::new(),
-            next_seq: 0,
-            watchers: WaiterMap::default(),
-            bytes: 0,
-            markers_expire_from: u64::MAX,
-            #[cfg(test)]
-            scans: 0,
-        }
-    }
-}
-
-/// What a slot costs, roughly: its payload, not the map's own overhead.
-fn size(slot: &Slot) -> u64 {
-    match &slot.record {
-        Record::InFlight(_) => IN_FLIGHT_LEN as u64,
-        Record::Completed(c) => {
-            let body = match &c.body {
-                StoredBody::Stored(b) => b.len(),
-                StoredBody::TooLarge => 0,
-            };
-            let headers: usize = c
-                .headers
-                .iter()
-                .map(|(n, v)| n.as_str().len() + v.len())
-                .sum();
-            (body + headers + IN_FLIGHT_LEN) as u64
-        }
-    }
-}
-
-impl Inner {
-    /// Wakes everyone watching `key`; their entry goes with their last handle.
-    fn changed(&self, key: &ScopedKey) {
-        self.watchers.wake(key);
-    }
-
-    /// Removes what is under `key`, waking its waiters (an expiry, an eviction).
-    fn remove(&mut self, key: &ScopedKey) {
-        if let Some(slot) = self.map.remove(key) {
-            self.bytes -= size(&slot);
-            self.changed(key);
-        }
-    }
-
-    fn insert(&mut self, key: ScopedKey, slot: Slot) {
-        if matches!(slot.record, Record::InFlight(_)) {
-            self.markers_expire_from = self.markers_expire_from.min(slot.expires_ms);
-        }
-        self.bytes += size(&slot);
-        if let Some(old) = self.map.insert(key, slot) {
-            self.bytes -= size(&old);
-        }
-    }
-
-    /// Queues a completed record for eviction; drops stale queue entries when they
-    /// outnumber the live ones, so the queue stays proportional to the map.
-    fn enqueue(&mut self, seq: u64, key: ScopedKey) {
-        self.order.push_back((seq, key));
-        if self.order.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.order
-                .retain(|(seq, key)| map.get(key).is_some_and(|s| s.seq == Some(*seq)));
-        }
-    }
-
-    /// The live marker under `key`, if it holds `token`.
-    fn owned(&mut self, key: &ScopedKey, token: OwnerToken, now: u64) -> Option<&mut Slot> {
-        let slot = self.map.get_mut(key)?;
-        let mine = matches!(&slot.record, Record::InFlight(m) if m.token == token)
-            && slot.expires_ms > now;
-        mine.then_some(slot)
-    }
-
-    /// Makes room for one more entry: evicts completed records oldest first, then drops
-    /// markers whose ttl has passed. Returns how many live records were evicted.
-    fn make_room(&mut self, max_entries: usize, now: u64) -> Result<u64, StoreError> {
-        let mut evicted = 0;
-        while self.map.len() >= max_entries {
-            if let Some((seq, key)) = self.order.pop_front() {
-                if let Some(slot) = self.map.get(&key)
-                    && slot.seq == Some(seq)
-                {
-                    evicted += u64::from(slot.expires_ms > now);
-                    self.remove(&key);
-                }
-                continue;
-            }
-            // Every completed record is queued: only markers are left. Until the
-            // earliest of them expires, a scan would find nothing to drop.
-            if now < self.markers_expire_from {
-                return Err(StoreError::Full);
-            }
-            let before = self.map.len();
-            self.drop_expired(now);
-            if self.map.len() == before {
-                return Err(StoreError::Full);
-            }
-        }
-        Ok(evicted)
-    }
-
-    /// Drops every entry whose ttl has passed, waking its waiters, and learns when the
-    /// earliest remaining marker expires.
-    fn drop_expired(&mut self, now: u64) {
-        #[cfg(test)]
-        {
-            self.scans += 1;
-        }
-        let watchers = &self.watchers;
-        let mut freed = 0;
-        let mut earliest = u64::MAX;
-        self.map.retain(|key, slot| {
-            if slot.expires_ms > now {
-                if matches!(slot.record, Record::InFlight(_)) {
-                    earliest = earliest.min(slot.expires_ms);
-                }
-                return true;
-            }
-            freed += size(slot);
-            watchers.wake(key);
-            false
-        });
-        self.bytes -= freed;
-        self.markers_expire_from = earliest;
-    }
-}
-
-/// The in-process store.
+/// The in-process store; with a journal behind it, the file store's core.
 #[derive(Debug)]
-pub struct MemoryStore<C: Clock = TokioClock> {
+pub struct MemoryStore<C: Clock = TokioClock, D: Durability = Volatile> {
     /// Keys are spread over shards by their hash, so that requests for different keys
     /// rarely wait on one lock, and a table rehash stalls one shard only. Shared with the
     /// watch handles, which leave their shard's watcher map when dropped.
@@ -185,6 +64,7 @@ pub struct MemoryStore<C: Clock = TokioClock> {
     /// The bound of each shard: together never more than `max_entries`.
     shard_entries: usize,
     clock: C,
+    durability: D,
     /// Live completed records evicted early because the store was full.
     evictions: Counter,
     entries: Gauge,
@@ -199,6 +79,13 @@ impl MemoryStore<TokioClock> {
 
 impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(max_entries: usize, clock: C) -> Self {
+        Self::durable(max_entries, clock, Volatile)
+    }
+}
+
+impl<C: Clock, D: Durability> MemoryStore<C, D> {
+    /// A store whose changes go through `durability`.
+    pub(crate) fn durable(max_entries: usize, clock: C, durability: D) -> Self {
         let max_entries = max_entries.max(1);
         // A small store keeps one shard, so that eviction is exactly oldest-first over
         // the whole store; a large one evicts oldest-first within each shard.
@@ -211,6 +98,7 @@ impl<C: Clock> MemoryStore<C> {
             shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
             shard_entries: max_entries / shards,
             clock,
+            durability,
             evictions: Counter::default(),
             entries: Gauge::default(),
             stored_bytes: Gauge::default(),
@@ -224,7 +112,10 @@ impl<C: Clock> MemoryStore<C> {
 
     /// Entries held, expired ones not yet dropped included.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).map.len()).sum()
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).index.len())
+            .sum()
     }
 
     /// Entries as `idemgate_store_entries` shows them.
@@ -243,22 +134,158 @@ impl<C: Clock> MemoryStore<C> {
 
     /// The shard holding `key`, locked; its size changes reach the gauges on release.
     fn shard(&self, key: &ScopedKey) -> Shard<'_> {
-        let inner = lock(shard_of(&self.shards, key));
-        Shard {
-            len: inner.map.len(),
-            bytes: inner.bytes,
-            inner,
-            entries: &self.entries,
-            stored_bytes: &self.stored_bytes,
+        Shard::new(
+            lock(shard_of(&self.shards, key)),
+            &self.entries,
+            &self.stored_bytes,
+        )
+    }
+
+    /// Runs a rule on `key`'s shard; returns its outcome and the ticket to settle.
+    fn apply<T>(
+        &self,
+        key: &ScopedKey,
+        rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
+    ) -> (T, u64) {
+        let mut shard = self.shard(key);
+        let Inner { index, watchers } = &mut *shard.inner;
+        let mut fx = Fx {
+            durability: &self.durability,
+            watchers,
+            ticket: 0,
+            evicted: 0,
+        };
+        let out = rule(index, &mut fx);
+        self.evictions.inc_by(fx.evicted);
+        (out, fx.ticket)
+    }
+
+    /// Runs a rule, then waits until what it answers from is durable.
+    async fn settled<T>(
+        &self,
+        key: &ScopedKey,
+        rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
+    ) -> Result<T, StoreError> {
+        let (out, ticket) = self.apply(key, rule);
+        self.durability.settle(ticket).await?;
+        Ok(out)
+    }
+
+    /// Drops what has expired by `now` from every shard that may hold some, waking its
+    /// waiters. Returns how many entries went.
+    pub(crate) fn sweep(&self, now: u64) -> u64 {
+        let mut gone = 0;
+        for shard in self.shards.iter() {
+            let mut shard = Shard::new(lock(shard), &self.entries, &self.stored_bytes);
+            if !shard.inner.index.may_have_expired(now) {
+                continue;
+            }
+            let Inner { index, watchers } = &mut *shard.inner;
+            let mut fx = Fx {
+                durability: &self.durability,
+                watchers,
+                ticket: 0,
+                evicted: 0,
+            };
+            gone += index.sweep(now, &mut fx);
+        }
+        gone
+    }
+
+    /// Keys someone waits on, over every shard.
+    #[cfg(test)]
+    pub(crate) fn watched(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).watchers.len())
+            .sum()
+    }
+
+    /// Releases `lease` as of `now`, without waiting for the removal to be durable
+    /// (the file store's writer, freeing the markers of claims that failed).
+    pub(crate) fn release_at(&self, lease: &Lease, now: u64) -> Fenced {
+        self.apply(&lease.key, |index, fx| index.release(lease, now, fx))
+            .0
+    }
+
+    /// Calls `f` with every live entry, one shard locked at a time: a key changed while
+    /// another shard is read is seen before or after the change, never half.
+    pub(crate) fn for_each_live(&self, now: u64, mut f: impl FnMut(&ScopedKey, &Slot)) {
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for (key, slot) in shard.index.live(now) {
+                f(key, slot);
+            }
         }
     }
 
-    fn marker(req: &ClaimRequest, now: u64) -> Slot {
-        Slot {
-            record: Record::InFlight(req.marker(now)),
-            expires_ms: now + millis(req.marker_ttl()),
-            seq: None,
+    /// Every shard locked at once, to be emptied and loaded again from disk.
+    pub(crate) fn lock_all(&self) -> AllShards<'_> {
+        AllShards(
+            self.shards
+                .iter()
+                .map(|shard| Shard::new(lock(shard), &self.entries, &self.stored_bytes))
+                .collect(),
+        )
+    }
+}
+
+/// Every shard of a store, locked; released (and the gauges moved) when dropped.
+pub(crate) struct AllShards<'a>(Vec<Shard<'a>>);
+
+impl AllShards<'_> {
+    fn index(&mut self, key: &ScopedKey) -> &mut Index {
+        let at = usize::from(key.as_bytes()[0]) % self.0.len();
+        &mut self.0[at].inner.index
+    }
+
+    /// Puts `record` under `key`, as read from disk.
+    pub(crate) fn load(&mut self, key: ScopedKey, record: Record, expires_ms: u64) {
+        self.index(&key).load(key, record, expires_ms);
+    }
+
+    /// Removes `key`, as read from disk.
+    pub(crate) fn unload(&mut self, key: &ScopedKey) {
+        self.index(key).unload(key);
+    }
+
+    /// Empties every shard and wakes every waiter: what they waited for may be gone.
+    pub(crate) fn clear(&mut self) {
+        for shard in &mut self.0 {
+            shard.inner.index.clear();
+            shard.inner.watchers.wake_all();
         }
+    }
+}
+
+/// The effects of a rule on a shard: changes go to the durability, wake-ups to the
+/// shard's waiters.
+struct Fx<'a, D> {
+    durability: &'a D,
+    watchers: &'a WaiterMap,
+    ticket: u64,
+    evicted: u64,
+}
+
+impl<D: Durability> Effects for Fx<'_, D> {
+    fn put(&mut self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64 {
+        self.durability.put(key, record, expires_ms)
+    }
+
+    fn remove(&mut self, key: &ScopedKey) -> u64 {
+        self.durability.remove(key)
+    }
+
+    fn saw(&mut self, ticket: u64) {
+        self.ticket = self.ticket.max(ticket);
+    }
+
+    fn changed(&mut self, key: &ScopedKey) {
+        self.watchers.wake(key);
+    }
+
+    fn evicted(&mut self) {
+        self.evicted += 1;
     }
 }
 
@@ -273,10 +300,10 @@ impl Waiters for MemoryShards {
     }
 }
 
-/// A registered wake-up for one key of the memory store.
+/// A registered wake-up for one key of an embedded store.
 pub type MemoryWatch = KeyWatch<MemoryShards>;
 
-/// How many shards a large memory store has.
+/// How many shards a large store has.
 const SHARDS: usize = 16;
 
 /// The shard `key` belongs to. Keys are hashes already: their first byte is uniform.
@@ -286,7 +313,7 @@ fn shard_of<'a>(shards: &'a [Mutex<Inner>], key: &ScopedKey) -> &'a Mutex<Inner>
 
 fn lock(shard: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     // A panic while holding the lock cannot leave a half-written entry: every mutation
-    // is a single insert or remove.
+    // of the index is a single insert or remove.
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -299,16 +326,15 @@ struct Shard<'a> {
     stored_bytes: &'a Gauge,
 }
 
-impl std::ops::Deref for Shard<'_> {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        &self.inner
-    }
-}
-
-impl std::ops::DerefMut for Shard<'_> {
-    fn deref_mut(&mut self) -> &mut Inner {
-        &mut self.inner
+impl<'a> Shard<'a> {
+    fn new(inner: MutexGuard<'a, Inner>, entries: &'a Gauge, stored_bytes: &'a Gauge) -> Self {
+        Self {
+            len: inner.index.len(),
+            bytes: inner.index.bytes(),
+            inner,
+            entries,
+            stored_bytes,
+        }
     }
 }
 
@@ -317,38 +343,24 @@ impl Drop for Shard<'_> {
         let delta = |now: u64, before: u64| {
             i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX)
         };
-        if self.inner.map.len() != self.len {
-            self.entries
-                .inc_by(delta(self.inner.map.len() as u64, self.len as u64));
+        let (len, bytes) = (self.inner.index.len(), self.inner.index.bytes());
+        if len != self.len {
+            self.entries.inc_by(delta(len as u64, self.len as u64));
         }
-        if self.inner.bytes != self.bytes {
-            self.stored_bytes
-                .inc_by(delta(self.inner.bytes, self.bytes));
+        if bytes != self.bytes {
+            self.stored_bytes.inc_by(delta(bytes, self.bytes));
         }
     }
 }
 
-impl<C: Clock> Store for MemoryStore<C> {
+impl<C: Clock, D: Durability> Store for MemoryStore<C, D> {
     type Watch = MemoryWatch;
 
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.shard(&req.key);
-        match inner.map.get(&req.key) {
-            Some(slot) if slot.expires_ms > now => {
-                return Ok(Claim::Existing {
-                    record: slot.record.clone(),
-                    now_ms: now,
-                });
-            }
-            // Expired: its waiters are woken and find the new marker.
-            Some(_) => inner.remove(&req.key),
-            None => {}
-        }
-        let evicted = inner.make_room(self.shard_entries, now)?;
-        self.evictions.inc_by(evicted);
-        inner.insert(req.key, Self::marker(&req, now));
-        Ok(Claim::Acquired(req.lease(now)))
+        let max = self.shard_entries;
+        self.settled(&req.key, |index, fx| index.claim(&req, now, max, fx))
+            .await?
     }
 
     async fn complete(
@@ -361,56 +373,24 @@ impl<C: Clock> Store for MemoryStore<C> {
         // Copied before the lock is taken.
         let compact = Arc::new(record.compacted());
         let now = self.clock.now_ms();
-        let mut guard = self.shard(&lease.key);
-        let inner = &mut *guard;
-        let seq = inner.next_seq;
-        if inner.owned(&lease.key, lease.token, now).is_none() {
-            // Repeating a completion that already landed is done, as on every store.
-            let landed = matches!(inner.map.get(&lease.key), Some(Slot { record: Record::Completed(c), expires_ms, .. })
-                if *expires_ms > now && (Arc::ptr_eq(c, &record) || **c == *record));
-            return Ok(if landed {
-                Fenced::Done
-            } else {
-                Fenced::LeaseLost
-            });
-        }
-        inner.insert(
-            lease.key,
-            Slot {
-                record: Record::Completed(compact),
-                expires_ms: now + millis(ttl),
-                seq: Some(seq),
-            },
-        );
-        inner.next_seq += 1;
-        inner.enqueue(seq, lease.key);
-        inner.changed(&lease.key);
-        Ok(Fenced::Done)
+        self.settled(&lease.key, |index, fx| {
+            index.complete(lease, &record, compact, ttl, now, fx)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.shard(&lease.key);
-        if inner.owned(&lease.key, lease.token, now).is_none() {
-            return Ok(Fenced::LeaseLost);
-        }
-        // Wakes the waiters: the key is free for their retry.
-        inner.remove(&lease.key);
-        Ok(Fenced::Done)
+        self.settled(&lease.key, |index, fx| index.release(lease, now, fx))
+            .await
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.shard(&lease.key);
-        let Some(slot) = inner.owned(&lease.key, lease.token, now) else {
-            return Ok(Fenced::LeaseLost);
-        };
-        let deadline = now + millis(lease_for);
-        if let Record::InFlight(m) = &mut slot.record {
-            m.lease_deadline_ms = deadline;
-        }
-        slot.expires_ms = slot.expires_ms.max(deadline);
-        Ok(Fenced::Done)
+        self.settled(&lease.key, |index, fx| {
+            index.renew(lease, lease_for, now, fx)
+        })
+        .await
     }
 
     async fn take_over(
@@ -419,17 +399,8 @@ impl<C: Clock> Store for MemoryStore<C> {
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.shard(&req.key);
-        // The lease must still be over: a late renewal by a live owner wins.
-        let Some(slot) = inner.owned(&req.key, stale, now) else {
-            return Ok(None);
-        };
-        if matches!(&slot.record, Record::InFlight(m) if m.lease_deadline_ms > now) {
-            return Ok(None);
-        }
-        inner.insert(req.key, Self::marker(&req, now));
-        inner.changed(&req.key);
-        Ok(Some(req.lease(now)))
+        self.settled(&req.key, |index, fx| index.take_over(stale, &req, now, fx))
+            .await
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<MemoryWatch, StoreError> {
@@ -449,47 +420,37 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
         let now = self.clock.now_ms();
-        let inner = self.shard(&key);
-        Ok(inner
-            .map
-            .get(&key)
-            .filter(|slot| slot.expires_ms > now)
-            .map(|slot| Inspection {
-                record: slot.record.clone(),
-                expires_at_ms: slot.expires_ms,
-                now_ms: now,
-            }))
+        self.settled(&key, |index, fx| index.inspect(&key, now, fx))
+            .await
     }
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
         let now = self.clock.now_ms();
-        let mut inner = self.shard(&key);
-        let Some(slot) = inner.map.get(&key).filter(|slot| slot.expires_ms > now) else {
-            return Ok(Purged::Absent);
-        };
-        if !force && matches!(&slot.record, Record::InFlight(m) if m.lease_deadline_ms > now) {
-            return Ok(Purged::LiveLease);
-        }
-        let record = slot.record.clone();
-        // Wakes the waiters: the key is free for their retry.
-        inner.remove(&key);
-        Ok(Purged::Removed(record))
+        self.settled(&key, |index, fx| index.purge(&key, force, now, fx))
+            .await
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
+        self.register_shared_metrics(registry, "memory");
+    }
+}
+
+impl<C: Clock, D: Durability> MemoryStore<C, D> {
+    /// The metrics every embedded store has; `kind` names it in their help.
+    pub(crate) fn register_shared_metrics(&self, registry: &mut Registry, kind: &str) {
         registry.register(
             "idemgate_store_evictions",
-            "Completed records evicted before their ttl because the memory store was full",
+            format!("Completed records evicted before their ttl because the {kind} store was full"),
             self.evictions.clone(),
         );
         registry.register(
             "idemgate_store_entries",
-            "Records and markers held by the memory store",
+            format!("Records and markers held by the {kind} store"),
             self.entries.clone(),
         );
         registry.register_with_unit(
             "idemgate_store",
-            "Approximate bytes of records held by the memory store",
+            format!("Approximate bytes of records held by the {kind} store"),
             prometheus_client::registry::Unit::Bytes,
             self.stored_bytes.clone(),
         );

@@ -12,12 +12,13 @@ mod clock;
 pub mod file;
 mod memory;
 mod redis;
+mod rules;
 mod timed;
 mod waiters;
 
 pub use clock::{Clock, TokioClock};
-pub use file::{FileOptions, FileStore, FileWaiters, FileWatch};
-pub use memory::{MemoryShards, MemoryStore, MemoryWatch};
+pub use file::{FileOptions, FileStore, FileWatch};
+pub use memory::{Durability, MemoryShards, MemoryStore, MemoryWatch, Volatile};
 pub use redis::{RedisStore, RedisWatch};
 pub use timed::{Around, Deadline, Layered, Timed};
 pub use waiters::{KeyWatch, Registry, WaiterMap};

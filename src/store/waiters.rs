@@ -36,6 +36,13 @@ impl WaiterMap {
         }
     }
 
+    /// Wakes everyone watching any key (the store was loaded again from disk).
+    pub(crate) fn wake_all(&self) {
+        for waiters in self.0.values() {
+            waiters.notify.notify_waiters();
+        }
+    }
+
     /// How many keys are watched.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -112,11 +112,11 @@ impl Crashed {
     }
 }
 
-/// A claim whose commit fails in its last flush, after its pages and header were
-/// written: redb reports the commit failed, though the marker may be in the file. The
-/// request is refused (503) and never forwarded, and the store, opening the database
-/// again, removes that marker before anyone reads it: a retry executes at once instead
-/// of waiting out a lease nobody holds and then turning `outcome-unknown`.
+/// A claim whose write fails in its flush, after its bytes were written to the journal:
+/// the request is refused (503) and never forwarded, and the store cuts the write off
+/// the journal and loads its shards again from what is on disk, so the marker is gone
+/// before anyone reads it: a retry executes at once instead of waiting out a lease
+/// nobody holds and then turning `outcome-unknown`.
 #[tokio::test]
 async fn a_claim_whose_flush_failed_is_refused_and_its_marker_does_not_hold_the_retry() {
     let up = Upstream::start().await;
@@ -141,34 +141,35 @@ async fn a_claim_whose_flush_failed_is_refused_and_its_marker_does_not_hold_the_
     assert_eq!(up.count(), 1);
 }
 
-/// After a failed write, the next commit carries a probe, removed by a commit of its
-/// own. When that removal fails, the store opens the database again as after any failed
-/// write, but the claims of the commit before it succeeded and were answered: their
-/// markers stay, and the request records its outcome and replays.
+/// A failed write takes only the changes not yet on disk: the record written before it
+/// stays and replays, and the refused key executes on its retry.
 ///
-/// Flushes: 1 the first claim (fails), 2 the removal of its marker, 3 the second
-/// claim with the probe, 4 the probe's removal (fails).
+/// Flushes: 1 the first claim, 2 its record, 3 the second claim (fails).
 #[tokio::test]
-async fn a_failed_probe_removal_keeps_the_claims_committed_before_it() {
+async fn a_failed_write_keeps_what_was_written_before_it() {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), true));
     let path = file.path().to_string_lossy().into_owned();
     let proxy = Running::start_with_env(
         &["--config", &path],
-        &[("IDEMGATE_FAIL_AT", "during-flush@1,4")],
+        &[("IDEMGATE_FAIL_AT", "during-flush@3")],
     )
     .await;
     let c = TestClient::new(proxy.addr);
-    let refused = c.post("/charges", "first", "{}").await;
+    let first = c.post("/charges", "first", "{}").await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let refused = c.post("/charges", "second", "{}").await;
     assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(up.count(), 1, "the refused claim was not forwarded");
 
-    let second = c.post("/charges", "second", "{}").await;
-    assert_eq!(second.status, 201, "{}", second.text());
-    let again = c.post("/charges", "second", "{}").await;
+    let again = c.post("/charges", "first", "{}").await;
     assert!(again.replayed(), "{} {}", again.status, again.text());
-    assert_eq!(again.body, second.body);
-    assert_eq!(up.count(), 1, "executed once");
+    assert_eq!(again.body, first.body);
+    let retry = c.post("/charges", "second", "{}").await;
+    assert_eq!(retry.status, 201, "{}", retry.text());
+    assert!(!retry.replayed());
+    assert_eq!(up.count(), 2, "each key executed once");
 }
 
 #[tokio::test]

@@ -42,7 +42,7 @@ async fn refused(file: &TempConfig, dir: &Path) -> Finished {
 }
 
 fn db_bytes(dir: &Path) -> Vec<u8> {
-    std::fs::read(dir.join(idemgate::store::file::DB_FILE)).expect("read the database file")
+    std::fs::read(dir.join(idemgate::store::file::JOURNAL_FILE)).expect("read the journal")
 }
 
 #[tokio::test]
@@ -116,7 +116,7 @@ async fn a_corrupt_store_exits_1_and_is_left_as_it_is() {
     let dir = store_dir(&tmp);
     std::fs::create_dir_all(&dir).expect("mkdir");
     let garbage: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    std::fs::write(dir.join(idemgate::store::file::DB_FILE), &garbage).expect("write");
+    std::fs::write(dir.join(idemgate::store::file::JOURNAL_FILE), &garbage).expect("write");
     let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
 
     let out = refused(&file, &dir).await;
@@ -124,8 +124,8 @@ async fn a_corrupt_store_exits_1_and_is_left_as_it_is() {
     assert_eq!(db_bytes(&dir), garbage, "never silently emptied");
 }
 
-/// A store whose first pages were overwritten after it was written: redb's checksums
-/// or structure checks catch it, and nothing is repaired away.
+/// A store whose frames were overwritten after it was written: the journal's checksums
+/// catch it, and nothing is repaired (or cut) away.
 #[tokio::test]
 async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
     let up = Upstream::start().await;
@@ -143,12 +143,12 @@ async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
     );
     running.terminate().await;
     running.wait_exit().await;
-    // Keep redb's magic number, damage everything after it in the first 64 KiB.
+    // Keep the journal's header, damage everything after it.
     let mut bytes = db_bytes(&dir);
-    for b in &mut bytes[9..64 * 1024] {
+    for b in &mut bytes[idemgate::store::file::HEADER_LEN..] {
         *b ^= 0x5A;
     }
-    std::fs::write(dir.join(idemgate::store::file::DB_FILE), &bytes).expect("write");
+    std::fs::write(dir.join(idemgate::store::file::JOURNAL_FILE), &bytes).expect("write");
 
     refused(&file, &dir).await;
     assert_eq!(db_bytes(&dir), bytes);
@@ -156,26 +156,24 @@ async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
 
 #[tokio::test]
 async fn a_store_of_another_format_exits_1_and_is_left_as_it_is() {
+    let up = Upstream::start().await;
     let tmp = tempfile::tempdir().expect("temp dir");
     let dir = store_dir(&tmp);
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    {
-        // A store as a later idemgate might write it: another format number.
-        let db = redb::Database::create(dir.join(idemgate::store::file::DB_FILE)).expect("create");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
-            .expect("meta")
-            .insert("format", idemgate::store::file::FORMAT + 1)
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
-    let before = db_bytes(&dir);
-    let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
+    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
+    let path = file.path().to_string_lossy().into_owned();
+    let mut running = Running::start(&["--config", &path]).await;
+    running.terminate().await;
+    running.wait_exit().await;
+    // A store as a later idemgate might write it: another format number in the header.
+    let mut bytes = db_bytes(&dir);
+    let at = idemgate::store::file::FORMAT_AT;
+    bytes[at..at + 8].copy_from_slice(&(idemgate::store::file::FORMAT + 1).to_be_bytes());
+    std::fs::write(dir.join(idemgate::store::file::JOURNAL_FILE), &bytes).expect("write");
 
     let out = refused(&file, &dir).await;
     let found = format!("on-disk format {}", idemgate::store::file::FORMAT + 1);
     assert!(out.stderr.contains(&found), "{}", out.stderr);
-    assert_eq!(db_bytes(&dir), before);
+    assert_eq!(db_bytes(&dir), bytes);
 }
 
 #[tokio::test]
@@ -184,12 +182,12 @@ async fn an_unreadable_store_exits_1_naming_the_path() {
     let dir = store_dir(&tmp);
     // Where the database file should be is a directory: it cannot be read as a file,
     // whoever runs the test (root reads any file regardless of its mode).
-    std::fs::create_dir_all(dir.join(idemgate::store::file::DB_FILE)).expect("mkdir");
+    std::fs::create_dir_all(dir.join(idemgate::store::file::JOURNAL_FILE)).expect("mkdir");
     let file = TempConfig::new(&yaml("http://127.0.0.1:9", &dir, ""));
 
     let out = refused(&file, &dir).await;
     assert!(out.stderr.contains("cannot be read"), "{}", out.stderr);
-    assert!(dir.join(idemgate::store::file::DB_FILE).is_dir());
+    assert!(dir.join(idemgate::store::file::JOURNAL_FILE).is_dir());
 }
 
 #[tokio::test]
@@ -364,8 +362,8 @@ impl FullDisk {
         match self {
             FullDisk::Tmpfs(disk) => Filled::Filler(disk.fill()),
             FullDisk::FileSize(_) => {
-                let size = std::fs::metadata(store.join(idemgate::store::file::DB_FILE))
-                    .expect("the database file")
+                let size = std::fs::metadata(store.join(idemgate::store::file::JOURNAL_FILE))
+                    .expect("the journal")
                     .len();
                 prlimit(running.pid(), &format!("--fsize={size}:unlimited"));
                 Filled::Limit(running.pid())
@@ -481,19 +479,20 @@ async fn the_store_recovers_from(disk: FullDisk) {
     running.terminate().await;
     assert!(running.wait_exit().await.success(), "{}", running.stderr());
 
-    // The writes that probed for room were removed again: the store holds its own
-    // tables only.
-    use redb::{ReadableDatabase, TableHandle};
-    let db = redb::ReadOnlyDatabase::open(store.join(idemgate::store::file::DB_FILE))
-        .expect("open the closed store");
-    let txn = db.begin_read().expect("read");
-    let mut tables: Vec<String> = txn
-        .list_tables()
-        .expect("tables")
-        .map(|t| t.name().to_owned())
+    // The writes that probed for room were cut off again: the store's directory holds
+    // the journal and its lock, and the journal reopens with every key (above).
+    let mut files: Vec<String> = std::fs::read_dir(&store)
+        .expect("read the store")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
-    tables.sort();
-    assert_eq!(tables, ["log", "meta"]);
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            idemgate::store::file::JOURNAL_FILE,
+            idemgate::store::file::LOCK_FILE
+        ]
+    );
 }
 
 /// The full disk is a real one: a 4 MiB tmpfs that the test mounts and fills with a

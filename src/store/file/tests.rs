@@ -72,10 +72,10 @@ async fn complete(s: &FileStore, lease: &Lease, body: &'static [u8]) {
     assert_eq!(done, Fenced::Done);
 }
 
-/// The database file's length and hash, to show that a refusal changed nothing in it.
+/// The journal's length and hash, to show that a refusal changed nothing in it.
 fn fingerprint(store: &Path) -> (u64, String) {
     use sha2::Digest;
-    let bytes = std::fs::read(store.join(DB_FILE)).expect("read the database file");
+    let bytes = std::fs::read(store.join(JOURNAL_FILE)).expect("read the journal");
     let hash = sha2::Sha256::digest(&bytes);
     let hex = hash.iter().map(|b| format!("{b:02x}")).collect();
     (bytes.len() as u64, hex)
@@ -111,20 +111,16 @@ async fn concurrent_claims_share_flushes() {
 async fn the_disk_bytes_gauge_follows_the_file_as_it_grows() {
     let dir = tempfile::tempdir().expect("temp dir");
     let s = FileStore::open(&options(dir.path(), 100_000)).expect("open");
-    let file = dir.path().join("store").join(disk::DB_FILE);
-    let size = || std::fs::metadata(&file).expect("the database file").len();
+    let file = dir.path().join("store").join(JOURNAL_FILE);
+    let size = || std::fs::metadata(&file).expect("the journal").len();
     let gauge = |s: &FileStore| u64::try_from(s.metrics.disk_bytes.get()).expect("not negative");
     assert_eq!(gauge(&s), size(), "at open");
-    let start = size();
-    let mut k = 0;
-    // Large records, until redb has had to grow the file.
-    while size() == start {
+    for k in 0..20 {
         let lease = acquire(&s, k).await;
         complete(&s, &lease, &[b'x'; 16 * 1024]).await;
-        k += 1;
-        assert!(k < 10_000, "the file never grew");
+        assert_eq!(gauge(&s), size(), "after {k} records");
     }
-    assert_eq!(gauge(&s), size(), "after {k} records");
+    assert!(size() > 20 * 16 * 1024, "every record is in the journal");
 }
 
 #[tokio::test]
@@ -183,17 +179,20 @@ async fn a_sweep_removes_what_expired_and_wakes_its_waiters() {
     assert_eq!(s.len(), 51);
     // Time is an input: a sweep as of two ttls from now finds everything expired.
     let later = TokioClock::default().now_ms() + 2 * millis(TTL + LEASE);
-    s.ops.send(Op::Sweep { now: later }).expect("writer");
+    s.queue.tick(later);
     tokio::time::timeout(Duration::from_secs(5), w.changed())
         .await
         .expect("the marker's removal wakes its waiter");
     assert_eq!(s.len(), 0);
+    // A write queued now is taken by the writer after the tick has run: once it is
+    // settled, so is the tick's count.
+    let _after = acquire(&s, 200).await;
     assert_eq!(s.metrics.expired.get(), 51);
-    assert_eq!(
-        s.published.next_expiry(),
-        u64::MAX,
-        "nothing is left to expire"
-    );
+    // The removals are in the journal: a reopen finds the new marker only, whatever
+    // the time.
+    drop(s);
+    let s = FileStore::open(&options(dir.path(), 100)).expect("reopen");
+    assert_eq!(s.len(), 1);
 }
 
 /// Real time: the sweeper runs on its own timer, and the writer on its own thread.
@@ -215,7 +214,7 @@ async fn the_background_expiry_runs_on_its_own() {
         .expect("complete");
     assert_eq!(done, Fenced::Done);
     let w = s.watch(key(1)).await.expect("watch");
-    tokio::time::timeout(SWEEP_EVERY * 5, w.changed())
+    tokio::time::timeout(TICK_EVERY * 5, w.changed())
         .await
         .expect("the expired record was swept without any request");
     assert!(s.is_empty());
@@ -236,7 +235,7 @@ async fn dropped_watches_leave_no_watchers_behind() {
             .expect("completion wakes");
         drop(dropped);
     }
-    assert_eq!(s.watchers.len(), 0);
+    assert_eq!(s.core.watched(), 0);
 }
 
 #[tokio::test]
@@ -257,7 +256,7 @@ async fn a_file_that_is_not_a_store_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().join("store");
     std::fs::create_dir(&store).expect("mkdir");
-    std::fs::write(store.join(DB_FILE), vec![0xA5; 10_000]).expect("write garbage");
+    std::fs::write(store.join(JOURNAL_FILE), vec![0xA5; 10_000]).expect("write garbage");
     let before = fingerprint(&store);
     let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
@@ -277,15 +276,11 @@ async fn a_store_of_another_format_is_refused_and_left_as_it_is() {
         complete(&s, &lease, b"kept").await;
     }
     let store = dir.path().join("store");
-    {
-        let db = redb::Database::create(store.join(DB_FILE)).expect("open with redb");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(redb::TableDefinition::<&str, u64>::new("meta"))
-            .expect("meta")
-            .insert("format", FORMAT + 1)
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
+    // As a later idemgate might write it: the same header with another format number.
+    let mut bytes = std::fs::read(store.join(JOURNAL_FILE)).expect("read");
+    let at = journal::FORMAT_AT;
+    bytes[at..at + 8].copy_from_slice(&(FORMAT + 1).to_be_bytes());
+    std::fs::write(store.join(JOURNAL_FILE), &bytes).expect("write");
     let before = fingerprint(&store);
     let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
     assert!(
@@ -295,47 +290,31 @@ async fn a_store_of_another_format_is_refused_and_left_as_it_is() {
     assert_eq!(fingerprint(&store), before, "nothing was rewritten");
 }
 
-/// A store written before records kept their times (format 1) opens: its records load,
-/// and the store is marked format 2, which the versions that wrote format 1 refuse at
-/// open instead of failing on its newer records one by one.
+/// A store of the previous format (redb's `idemgate.redb`) is not read: it is refused,
+/// naming the path and the file, and left as it is.
 #[tokio::test]
-async fn a_store_of_format_1_opens_and_is_marked_format_2() {
+async fn a_store_of_the_redb_format_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().join("store");
-    let meta = redb::TableDefinition::<&str, u64>::new("meta");
-    let format_of = |store: &std::path::Path| {
-        let db = redb::Database::create(store.join(DB_FILE)).expect("open with redb");
-        let txn = db.begin_read().expect("txn");
-        let table = txn.open_table(meta).expect("meta");
-        table.get("format").expect("get").expect("a format").value()
-    };
-    {
-        let s = FileStore::open(&options(dir.path(), 100)).expect("open");
-        let lease = acquire(&s, 1).await;
-        complete(&s, &lease, b"kept").await;
-    }
-    {
-        let db = redb::Database::create(store.join(DB_FILE)).expect("open with redb");
-        let txn = db.begin_write().expect("txn");
-        txn.open_table(meta)
-            .expect("meta")
-            .insert("format", 1)
-            .expect("insert");
-        txn.commit().expect("commit");
-    }
-    assert_eq!(format_of(&store), 1);
-    {
-        let s = FileStore::open(&options(dir.path(), 100)).expect("a format 1 store opens");
-        assert!(matches!(
-            s.claim(req(1)).await.expect("claim"),
-            Claim::Existing {
-                record: Record::Completed(_),
-                ..
-            }
-        ));
-    }
-    assert_eq!(format_of(&store), FORMAT);
-    assert_eq!(FORMAT, 2);
+    std::fs::create_dir(&store).expect("mkdir");
+    let old: Vec<u8> = b"redb\x1A\x0A\xA9\x0D\x0A"
+        .iter()
+        .copied()
+        .chain([7u8; 4000])
+        .collect();
+    std::fs::write(store.join("idemgate.redb"), &old).expect("write");
+    let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
+    let said = err.to_string();
+    assert!(said.contains(&store.display().to_string()), "{said}");
+    assert!(said.contains("idemgate.redb"), "{said}");
+    assert_eq!(
+        std::fs::read(store.join("idemgate.redb")).expect("read"),
+        old
+    );
+    assert!(
+        !store.join(JOURNAL_FILE).exists(),
+        "no journal was started next to it"
+    );
 }
 
 #[tokio::test]
@@ -366,7 +345,7 @@ async fn a_zero_length_store_file_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().join("store");
     std::fs::create_dir(&store).expect("mkdir");
-    std::fs::write(store.join(DB_FILE), b"").expect("an empty file");
+    std::fs::write(store.join(JOURNAL_FILE), b"").expect("an empty file");
     let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
     assert!(
@@ -376,10 +355,11 @@ async fn a_zero_length_store_file_is_refused_and_left_as_it_is() {
     assert_eq!(fingerprint(&store).0, 0, "still empty: nothing was created");
 }
 
-/// A store cut short (a copy that stopped, a filesystem that lost its tail) is refused
-/// at every length, the one that keeps only redb's header included.
+/// A journal cut inside its header is refused and left as it is; one cut inside its
+/// last write (a torn tail: the write a crash interrupted) opens without that write, and
+/// every record acknowledged before it is there.
 #[tokio::test]
-async fn a_truncated_store_file_is_refused_and_left_as_it_is() {
+async fn a_torn_tail_is_cut_off_and_a_cut_header_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     {
         let s = FileStore::open(&options(dir.path(), 1000)).expect("open");
@@ -389,27 +369,32 @@ async fn a_truncated_store_file_is_refused_and_left_as_it_is() {
         }
     }
     let store = dir.path().join("store");
-    let whole = std::fs::read(store.join(DB_FILE)).expect("read the database file");
-    for len in [4, 9, 512, 4096, whole.len() / 2, whole.len() - 1] {
-        std::fs::write(store.join(DB_FILE), &whole[..len]).expect("truncate");
+    let whole = std::fs::read(store.join(JOURNAL_FILE)).expect("read the journal");
+    for len in [4, journal::FORMAT_AT + 3] {
+        std::fs::write(store.join(JOURNAL_FILE), &whole[..len]).expect("truncate");
         let before = fingerprint(&store);
         let err = FileStore::open(&options(dir.path(), 1000)).expect_err("refused");
         assert!(
             matches!(err, OpenError::Corrupt { .. }),
-            "cut to {len} of {} bytes: {err:?}",
-            whole.len()
-        );
-        assert!(
-            err.to_string().contains(&store.display().to_string()),
-            "{err}"
+            "cut to {len}: {err:?}"
         );
         assert_eq!(fingerprint(&store), before, "cut to {len}: left as it is");
     }
+    std::fs::write(store.join(JOURNAL_FILE), &whole[..whole.len() - 1]).expect("truncate");
+    let s = FileStore::open(&options(dir.path(), 1000)).expect("a torn tail opens");
+    // The last write was the completion of key 49: its marker is what is left.
+    assert!(matches!(existing(&s, 49).await, Record::InFlight(_)));
+    for k in 0..49 {
+        assert_eq!(
+            existing(&s, k).await,
+            Record::Completed(response(b"a response worth keeping"))
+        );
+    }
 }
 
-/// A directory with files in it but no database may be a store whose file was lost:
-/// no new store starts there. A creation that did not finish (the lock and a staging
-/// file) is not a store, and the next open starts afresh.
+/// A directory with files in it but no journal may be a store whose file was lost: no
+/// new store starts there. A creation that did not finish (the lock and a staging file)
+/// is not a store, and the next open starts afresh.
 #[tokio::test]
 async fn a_new_store_starts_only_in_an_empty_directory() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -419,19 +404,66 @@ async fn a_new_store_starts_only_in_an_empty_directory() {
     let err = FileStore::open(&options(dir.path(), 100)).expect_err("refused");
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
     assert!(err.to_string().contains("notes.txt"), "{err}");
-    assert!(!store.join(DB_FILE).exists(), "nothing was created");
+    assert!(!store.join(JOURNAL_FILE).exists(), "nothing was created");
 
     std::fs::remove_file(store.join("notes.txt")).expect("rm");
     std::fs::write(store.join(LOCK_FILE), b"").expect("a lock file");
-    std::fs::write(store.join("idemgate.redb.new"), b"half made").expect("staging");
+    std::fs::write(store.join("idemgate.journal.new"), b"half made").expect("staging");
     let s = FileStore::open(&options(dir.path(), 100)).expect("a new store");
     let lease = acquire(&s, 1).await;
     complete(&s, &lease, b"1").await;
     drop(s);
-    assert!(
-        !store.join("idemgate.redb.new").exists(),
-        "renamed into place"
-    );
+    assert!(!store.join("idemgate.journal.new").exists(), "gone");
     let s = FileStore::open(&options(dir.path(), 100)).expect("reopen");
     assert_eq!(existing(&s, 1).await, Record::Completed(response(b"1")));
+}
+
+/// Compaction: a journal grown past its threshold by rewrites of the same keys is
+/// replaced by one holding the live records only, which a reopen reads back whole.
+#[tokio::test]
+async fn compaction_keeps_exactly_the_live_records() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("store").join(JOURNAL_FILE);
+    let size = || std::fs::metadata(&file).expect("the journal").len();
+    static BODY: [u8; 8 * 1024] = [b'y'; 8 * 1024];
+    {
+        let s = FileStore::open(&options(dir.path(), 1000)).expect("open");
+        // Ten live records; then churn: short-lived keys until the journal passes the
+        // compaction threshold.
+        for k in 0..10 {
+            let lease = acquire(&s, k).await;
+            complete(&s, &lease, b"live").await;
+        }
+        let mut k = 1000;
+        while size() <= writer::COMPACT_FROM {
+            let lease = acquire(&s, k).await;
+            assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
+            let lease = acquire(&s, k).await;
+            let done = s
+                .complete(&lease, response(&BODY), TTL)
+                .await
+                .expect("complete");
+            assert_eq!(done, Fenced::Done);
+            let purged = s.purge(key(k), true).await.expect("purge");
+            assert!(matches!(purged, Purged::Removed(_)));
+            k += 1;
+        }
+        let grown = size();
+        s.queue.tick(TokioClock::default().now_ms());
+        // Two writes after the tick, one after the other: the second is taken by the
+        // writer after the tick has run, so once it is settled the compaction is done.
+        let lease = acquire(&s, 10).await;
+        complete(&s, &lease, b"after").await;
+        assert!(size() < grown, "compacted: {} of {grown} bytes", size());
+        assert!(size() < 64 * 1024, "live records only: {} bytes", size());
+    }
+    let s = FileStore::open(&options(dir.path(), 1000)).expect("reopen");
+    assert_eq!(s.len(), 11);
+    for k in 0..10 {
+        assert_eq!(existing(&s, k).await, Record::Completed(response(b"live")));
+    }
+    assert_eq!(
+        existing(&s, 10).await,
+        Record::Completed(response(b"after"))
+    );
 }

@@ -1,283 +1,232 @@
-//! The one thread that writes the file store. Requests queue their operations; the
-//! writer takes everything queued, applies it in order in one transaction, commits
-//! (one flush for all of them: group commit), and only then answers each caller and
-//! wakes the waiters. While a flush runs, the next batch queues up behind it.
+//! The one thread that writes the file store's journal. It takes everything queued
+//! (`queue.rs`), appends it with one write and one flush, and settles the tickets; while
+//! a flush runs, the next batch queues up behind it. Once a second it also drops what
+//! has expired, compacts the journal when it has grown, and, after a failed write,
+//! probes for room.
 //!
-//! Every decision (is the key free, is this still the owner's marker, is the store full)
-//! is taken inside the transaction (the rules in `tx.rs`), which sees the batch's own
-//! earlier writes, so the writer is the single place where claims are serialised.
-//!
-//! A commit that fails (a full disk, an I/O error) fails its batch; the writer then
-//! opens the database again (`db.rs`) and carries on, so the store recovers without a
-//! restart once the disk has room.
+//! A write that fails (a full disk, an I/O error) is cut off the file again, and the
+//! shards are loaded again from the journal with every lock held: the changes not on
+//! disk are gone from memory too, and their callers are refused. The store is not
+//! ready until a write or a probe succeeds, and recovers without a restart.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use redb::Database;
+use super::journal::{self, Entry, Journal};
+use super::queue::{Journaled, Queue};
+use super::{FileMetrics, Health, gauge, load};
+use crate::idempotency::{OwnerToken, Record, ScopedKey};
+use crate::store::clock::Clock;
+use crate::store::{Fenced, Lease, MemoryStore};
 
-use super::FileMetrics;
-use super::db::{self, Db, Reopen};
-use super::disk::LOG;
-use super::index::{Index, Published};
-use super::op::{Answer, Op};
-use super::tx::Tx;
-use super::watch::FileWaiters;
-use crate::idempotency::{OwnerToken, ScopedKey};
+/// The journal is compacted when it is this much larger than after the last compaction,
+/// and at least [`COMPACT_FROM`].
+const COMPACT_GROWTH: u64 = 2;
+/// Below this a journal is never compacted: rewriting it would cost more than it frees.
+pub(super) const COMPACT_FROM: u64 = 4 << 20;
 
-/// At most this many operations share one commit.
-const MAX_BATCH: usize = 4096;
-/// Expired entries removed along with each commit, besides the timer's sweeps.
-const SWEEP_PER_COMMIT: usize = 256;
-/// Expired entries removed by one timed sweep.
-pub(super) const SWEEP_PER_TICK: usize = 8192;
-
-pub(super) struct Writer {
-    pub(super) db: Arc<Db>,
-    pub(super) reopen: Reopen,
-    pub(super) max_entries: u64,
-    pub(super) index: Index,
-    pub(super) published: Arc<Published>,
-    pub(super) metrics: FileMetrics,
-    pub(super) watchers: FileWaiters,
-    pub(super) file: std::path::PathBuf,
-    /// Cleared when the writer stops, so that `/readyz` reports it.
-    pub(super) alive: Arc<AtomicBool>,
-    /// The most bytes a failed commit tried to write since the last commit that
-    /// succeeded: what a probe writes to find out whether there is room again.
-    pub(super) failed_bytes: u64,
-    /// Bytes of values written by the commit being made.
-    pub(super) written: u64,
-    /// The markers the commit being made claims.
-    pub(super) claimed: Vec<(ScopedKey, OwnerToken)>,
-    /// Markers claimed by commits that failed. Their callers were refused, so nothing
-    /// was forwarded for them, but a commit can fail after it reached the file (its
-    /// last flush): the reopened database is rid of them before anyone reads it, so
-    /// that a retry executes instead of waiting out a lease nobody holds.
-    pub(super) unsure: Vec<(ScopedKey, OwnerToken)>,
+pub(super) struct Writer<C: Clock> {
+    core: Arc<MemoryStore<C, Journaled>>,
+    journal: Journal,
+    queue: Arc<Queue>,
+    metrics: FileMetrics,
+    health: Arc<Health>,
+    /// The most bytes a failed write tried to write since the last one that succeeded:
+    /// what a probe writes to find out whether there is room again.
+    failed_bytes: u64,
+    /// Claims whose write failed. Their callers were refused, so nothing was forwarded
+    /// for them, but a compaction may have put their markers in the journal already:
+    /// they are removed, so that a retry executes instead of waiting out a lease nobody
+    /// holds.
+    unsure: Vec<(ScopedKey, OwnerToken)>,
+    /// The journal's size after the last compaction (or when it was opened).
+    compacted: u64,
 }
 
-impl Writer {
-    /// Serves batches until every sender is gone.
-    pub(super) fn run(mut self, ops: &Receiver<Op>) {
-        // However the loop ends, a panic included, `/readyz` learns of it.
-        let _stopped = Stopped(Arc::clone(&self.alive));
-        while let Ok(first) = ops.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match ops.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            self.commit(batch);
+impl<C: Clock> Writer<C> {
+    pub(super) fn new(
+        core: Arc<MemoryStore<C, Journaled>>,
+        journal: Journal,
+        queue: Arc<Queue>,
+        metrics: FileMetrics,
+        health: Arc<Health>,
+    ) -> Self {
+        let compacted = journal.len();
+        Self {
+            core,
+            journal,
+            queue,
+            metrics,
+            health,
+            failed_bytes: 0,
+            unsure: Vec::new(),
+            compacted,
         }
-        // Closed here, before the lock file is let go.
-        self.db.close();
     }
 
-    fn commit(&mut self, batch: Vec<Op>) {
+    /// Writes until the store is dropped and the queue drained.
+    pub(super) fn run(mut self) {
+        // However the loop ends, a panic included, waiters and `/readyz` learn of it.
+        let _stopped = Stopped(Arc::clone(&self.queue), Arc::clone(&self.health));
+        let mut spare = Vec::new();
+        while let Some(work) = self.queue.next(spare) {
+            if !work.entries.is_empty() && !self.write(&work.entries, work.last) {
+                return;
+            }
+            if let Some(now) = work.tick
+                && !self.tick(now)
+            {
+                return;
+            }
+            spare = work.entries;
+        }
+    }
+
+    /// Appends one batch; false when the writer cannot go on.
+    fn write(&mut self, entries: &[u8], last: u64) -> bool {
         let started = Instant::now();
-        let requests = batch.iter().any(|op| !matches!(op, Op::Sweep { .. }));
-        let sweep_limit = if requests {
-            SWEEP_PER_COMMIT
-        } else {
-            SWEEP_PER_TICK
-        };
-        let now = batch.iter().map(Op::now).max().unwrap_or(0);
-        let Some(db) = self.database() else {
-            for op in batch {
-                op.fail("the file store cannot open its database again after a failed write");
-            }
-            return;
-        };
-        // After a failed write, a write of its own as large tells whether there is room
-        // again, even when nothing else is written.
-        let probe = (!self.db.healthy()).then_some(self.failed_bytes);
-        self.written = 0;
-        self.claimed.clear();
-        let mut answers = Vec::with_capacity(batch.len());
-        match self.transact(&db, batch, now, sweep_limit, probe, &mut answers) {
-            Ok(Some(done)) => {
-                // Committed: these claims are acknowledged, whatever a probe does next.
-                self.claimed.clear();
-                self.published.update(&self.index, &done.touched);
-                self.metrics.evictions.inc_by(done.evicted);
-                self.metrics.expired.inc_by(done.expired);
-                self.metrics.observe_commit(started.elapsed(), &self.index);
-                for key in &done.changed {
-                    self.watchers.wake(key);
-                }
-                for answer in answers {
-                    answer.send();
-                }
-                if probe.is_some() {
-                    if let Err(err) = db::remove_probe(&db) {
-                        return self.write_failed(db, &err);
-                    }
-                    tracing::info!(file = %self.file.display(), "file store: writes succeed again");
-                }
-                self.failed_bytes = 0;
-                self.db.set_healthy(true);
-            }
-            // Nothing was written: nothing to flush, the answers stand as they are.
-            Ok(None) => {
-                for answer in answers {
-                    answer.send();
-                }
+        let syncs = self.journal.syncs();
+        match self.journal.append(entries) {
+            Ok(()) => {
+                // The metrics first: whoever the settlement wakes sees them up to date.
+                self.metrics.flushes.inc();
+                self.metrics.syncs.inc_by(self.journal.syncs() - syncs);
+                self.metrics
+                    .flush_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                self.metrics.disk_bytes.set(gauge(self.journal.len()));
+                self.queue.settle(last);
+                self.succeeded();
+                true
             }
             Err(err) => {
-                let why = format!("the file store could not commit: {err}");
-                for answer in answers {
-                    answer.fail(&why);
-                }
-                // The operations not reached drop their reply: their callers see the
-                // writer's answer missing, which is the same error.
-                self.write_failed(db, &err);
+                tracing::error!(error = %err, path = %self.core_path(), "file store: write failed");
+                self.failed_bytes = self.failed_bytes.max(entries.len() as u64);
+                self.failed(entries)
             }
         }
     }
 
-    /// A commit failed: not ready until one succeeds. redb refuses every write after a
-    /// failed one, and the index may hold the failed batch: open the database again
-    /// and read the index from what is committed.
-    fn write_failed(&mut self, db: Arc<Database>, err: &redb::Error) {
-        tracing::error!(error = %err, file = %self.file.display(), "file store: commit failed");
-        self.failed_bytes = self.failed_bytes.max(self.written);
-        self.unsure.append(&mut self.claimed);
-        self.db.set_healthy(false);
-        drop(db);
-        self.db.close();
-        self.database();
+    fn core_path(&self) -> String {
+        self.journal.path().display().to_string()
     }
 
-    /// The open database, opened again first if a failed write closed it. `None` while
-    /// it cannot be (the disk still full, say): the next batch or probe tries again.
-    fn database(&mut self) -> Option<Arc<Database>> {
-        if let Ok(db) = self.db.get() {
-            return Some(db);
-        }
-        let db = match self.reopen.open() {
-            Ok(db) => db,
-            Err(err) => {
-                tracing::warn!(error = %err, "file store: cannot open the database again yet");
-                return None;
-            }
-        };
-        match Index::load(&db) {
-            Ok(index) => self.index = index,
-            Err(err) => {
-                tracing::warn!(error = %err, "file store: cannot read its index again yet");
-                return None;
-            }
-        }
-        if let Err(err) = self.settle_unsure(&db) {
-            tracing::warn!(error = %err, "file store: cannot remove the markers of failed claims yet");
-            return None;
-        }
-        self.published.reset(&self.index);
-        self.metrics.set_counts(&self.index);
-        self.db.put(db);
-        self.db.get().ok()
-    }
-
-    /// Removes the markers of failed claims that reached the file all the same.
-    fn settle_unsure(&mut self, db: &Database) -> Result<(), redb::Error> {
-        if self.unsure.is_empty() {
-            return Ok(());
-        }
-        let txn = db.begin_write()?;
-        let changed = {
-            let mut tx = Tx::new(
-                txn.open_table(LOG)?,
-                &mut self.index,
-                &mut self.written,
-                &mut self.claimed,
-            );
-            for (key, token) in &self.unsure {
-                // Whatever the time: a marker with this token is the failed claim's.
-                if tx.owned(*key, *token, 0)?.is_some() {
-                    tx.remove(*key)?;
-                }
-            }
-            tx.changed
-        };
-        if changed.is_empty() {
-            txn.abort()?;
-        } else {
-            txn.commit()?;
-            tracing::info!(
-                removed = changed.len(),
-                "file store: removed the markers of failed claims"
-            );
-            for key in &changed {
-                self.watchers.wake(key);
-            }
-        }
+    /// A write or a probe succeeded: ready again.
+    fn succeeded(&mut self) {
         self.unsure.clear();
-        Ok(())
+        self.failed_bytes = 0;
+        if self.health.failing.swap(false, Ordering::Relaxed) {
+            tracing::info!(path = %self.core_path(), "file store: writes succeed again");
+        }
     }
 
-    /// Applies `batch` in one transaction and commits it if it wrote anything.
-    fn transact(
-        &mut self,
-        db: &Database,
-        batch: Vec<Op>,
-        now: u64,
-        sweep_limit: usize,
-        probe: Option<u64>,
-        answers: &mut Vec<Answer>,
-    ) -> Result<Option<Done>, redb::Error> {
-        let txn = db.begin_write()?;
-        let done = {
-            let mut tx = Tx::new(
-                txn.open_table(LOG)?,
-                &mut self.index,
-                &mut self.written,
-                &mut self.claimed,
-            );
-            for op in batch {
-                answers.push(tx.apply(op, self.max_entries)?);
-            }
-            tx.sweep(now, sweep_limit)?;
-            (!tx.touched.is_empty() || probe.is_some()).then_some(Done {
-                touched: tx.touched,
-                changed: tx.changed,
-                evicted: tx.evicted,
-                expired: tx.expired,
-            })
-        };
-        match done {
-            None => {
-                txn.abort()?;
-                Ok(None)
-            }
-            Some(done) => {
-                if let Some(bytes) = probe {
-                    db::write_probe(&txn, bytes)?;
+    /// Every change not on disk fails; the shards are loaded again from the journal.
+    fn failed(&mut self, entries: &[u8]) -> bool {
+        self.health.failing.store(true, Ordering::Relaxed);
+        let mut shards = self.core.lock_all();
+        let dropped = self.queue.fail_all();
+        for batch in [entries, &dropped] {
+            journal::entries(batch, |entry| {
+                if let Entry::Put { key, record, .. } = entry
+                    && let Ok(Record::InFlight(marker)) =
+                        Record::decode(bytes::Bytes::copy_from_slice(record))
+                {
+                    self.unsure.push((key, marker.token));
                 }
-                txn.commit()?;
-                Ok(Some(done))
+            });
+        }
+        shards.clear();
+        let mut undecodable = None;
+        let read = self.journal.replay(|entry| {
+            if let Err(why) = load(&mut shards, entry) {
+                undecodable.get_or_insert(why);
+            }
+        });
+        drop(shards);
+        if let Some(why) = undecodable {
+            tracing::warn!(reason = %why, "file store: a record read back does not decode; skipped");
+        }
+        if let Err(err) = read {
+            tracing::error!(error = %err, path = %self.core_path(), "file store: cannot read its journal again; stopping");
+            return false;
+        }
+        let mut freed = 0;
+        for (key, token) in &self.unsure {
+            // Whatever the time: a marker with this token is the failed claim's. The
+            // removal is journaled with the next write.
+            let lease = Lease {
+                key: *key,
+                token: *token,
+                claimed_at_ms: 0,
+            };
+            freed += usize::from(self.core.release_at(&lease, 0) == Fenced::Done);
+        }
+        if freed > 0 {
+            tracing::info!(
+                freed,
+                "file store: removed the markers of claims whose write failed"
+            );
+        }
+        true
+    }
+
+    /// The once-a-second work; false when the writer cannot go on.
+    fn tick(&mut self, now: u64) -> bool {
+        self.metrics.expired.inc_by(self.core.sweep(now));
+        if self.health.failing.load(Ordering::Relaxed) {
+            match self.journal.probe(self.failed_bytes) {
+                Ok(()) => self.succeeded(),
+                Err(err) => tracing::debug!(error = %err, "file store: still no room"),
+            }
+            return true;
+        }
+        let threshold = (self.compacted * COMPACT_GROWTH).max(COMPACT_FROM);
+        if self.journal.len() > threshold {
+            self.compact(now);
+        }
+        true
+    }
+
+    /// Replaces the journal by one holding the live records only.
+    fn compact(&mut self, now: u64) {
+        let started = Instant::now();
+        let before = self.journal.len();
+        let mut live = Vec::new();
+        self.core.for_each_live(now, |key, slot| {
+            journal::encode(
+                &Entry::Put {
+                    key: *key,
+                    expires_ms: slot.expires_ms,
+                    record: &slot.record.encode(),
+                },
+                &mut live,
+            );
+        });
+        match self.journal.rewrite(&live) {
+            Ok(()) => {
+                self.compacted = self.journal.len();
+                self.metrics.disk_bytes.set(gauge(self.compacted));
+                tracing::debug!(
+                    before,
+                    after = self.compacted,
+                    ms = started.elapsed().as_millis() as u64,
+                    "file store: journal compacted"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, path = %self.core_path(), "file store: compaction failed; the journal is kept as it is");
             }
         }
     }
 }
 
-/// Clears the writer's liveness flag when dropped.
-struct Stopped(Arc<AtomicBool>);
+/// Tells the waiters and `/readyz` that the writer has stopped, when dropped.
+struct Stopped(Arc<Queue>, Arc<Health>);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
+        self.1.alive.store(false, Ordering::Relaxed);
+        self.0.stopped();
     }
-}
-
-/// What a committed transaction changed.
-struct Done {
-    touched: Vec<ScopedKey>,
-    changed: Vec<ScopedKey>,
-    evicted: u64,
-    expired: u64,
 }

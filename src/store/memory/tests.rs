@@ -66,7 +66,7 @@ fn watchers_len(s: &MemoryStore) -> usize {
 }
 
 fn scans(s: &MemoryStore) -> usize {
-    s.shards.iter().map(|shard| lock(shard).scans).sum()
+    s.shards.iter().map(|shard| lock(shard).index.scans).sum()
 }
 
 #[tokio::test(start_paused = true)]

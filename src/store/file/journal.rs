@@ -1,0 +1,552 @@
+//! The file store's journal (docs/behaviour.md §12): one append-only file holding every
+//! change, replayed in order on open to rebuild the index, which lives wholly in memory
+//! (the shape of Redis's AOF). Pure std, besides the checksum.
+//!
+//! ```text
+//! idemgate.journal
+//! +----------------------------+---------------+
+//! | "idemgate journal\n" (17)  | FORMAT u64    |  header, 25 bytes
+//! +-----------+-----------+----+---------------+
+//! | len u32 | crc u32 | head crc u32 | payload   |  frame: one append, one write
+//! +---------+---------+--------------+-----------+
+//! | len u32 | crc u32 | head crc u32 | payload   |
+//! +---------+---------+--------------+-----------+
+//!   ...
+//!
+//! payload = entry entry ...   (crc: crc32 of the payload; head crc: of len and crc)
+//! entry   = 1 | key 32 | expires_ms u64 | record_len u32 | record     a key's new state
+//!         | 2 | key 32                                               its removal
+//! ```
+//!
+//! Integers are big-endian. A frame is all or nothing: its entries are replayed only once
+//! its checksum matches and every entry in it decodes.
+//!
+//! A crash can leave the last frame half written; the next open cuts it off (a torn tail)
+//! and keeps the frames before it. A write lands whole pages or none, so what an
+//! interrupted write leaves at offset X is a head that checks out with its payload cut
+//! short (its declared end past the end of the file) or not matching its checksum, or a
+//! head of zero bytes (the file grew, that page never landed). Either is a torn tail
+//! only when no good frame starts anywhere after X: an interrupted write is the last
+//! one, while damage in the middle of the journal leaves good frames behind it. Anything
+//! else (a head that is neither zeros nor checks out, a bad frame followed by good ones,
+//! a bad entry in a frame whose checksum matches) is corruption: the open is refused
+//! naming the byte offset, and the file is left exactly as it is. The head's own
+//! checksum is what tells a damaged length field from a write cut short.
+//!
+//! A new journal, and a rewrite holding only the live records, are written under
+//! `idemgate.journal.new`, synced, and renamed over the journal: a crash leaves the old
+//! journal or the new one, never a mix, so a journal without a header is never ours.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use crate::failpoint;
+
+use dir::OpenError;
+use entry::Entries;
+pub(super) use entry::Entry;
+// Unused until the writer encodes its batches with it, as `dead_code` at `mod journal`.
+pub(super) use entry::encode;
+
+/// Calls `f` for every entry of `buf` (concatenated encodings, as queued) that decodes.
+pub(super) fn entries(buf: &[u8], mut f: impl FnMut(Entry<'_>)) {
+    for (_, entry) in Entries::new(buf).flatten() {
+        f(entry);
+    }
+}
+
+/// The directory around the journal: its errors, lock and `--check`.
+pub(super) mod dir;
+mod entry;
+#[cfg(test)]
+mod tests;
+
+/// The journal file inside `store.path`.
+pub const JOURNAL_FILE: &str = "idemgate.journal";
+/// A new journal while it is written, renamed to [`JOURNAL_FILE`] once complete.
+const STAGING_FILE: &str = "idemgate.journal.new";
+/// The on-disk format this version writes (redb stores were formats 1 and 2).
+pub const FORMAT: u64 = 3;
+
+const MAGIC: &[u8; 17] = b"idemgate journal\n";
+/// The header's length: the first frame starts here.
+pub const HEADER_LEN: usize = MAGIC.len() + 8;
+const HEADER: u64 = HEADER_LEN as u64;
+const FRAME_HEAD: u64 = 12;
+/// Where the format number is in the header: what a test changes to fake another one.
+pub const FORMAT_AT: usize = MAGIC.len();
+/// A rewrite's frames close at this size (a larger record gets a frame of its own), so
+/// that replaying one never needs a buffer the size of the whole journal.
+const REWRITE_FRAME: usize = 8 << 20;
+const READ_BUFFER: usize = 1 << 20;
+/// The append buffer is dropped after a frame larger than this, rather than keeping the
+/// largest record's worth of memory for good.
+const SCRATCH_KEEP: usize = 1 << 20;
+
+/// How a scan of the frames ended, when it did not find corruption.
+#[derive(Debug, PartialEq, Eq)]
+enum Scan {
+    /// Every frame up to the end read back.
+    Clean,
+    /// The frames end at `at`, followed by an interrupted write.
+    Torn { at: u64, why: &'static str },
+}
+
+#[derive(Debug)]
+enum ScanError {
+    Io(io::Error),
+    Bad { at: u64, reason: String },
+}
+
+impl From<io::Error> for ScanError {
+    fn from(err: io::Error) -> Self {
+        Self::Io(err)
+    }
+}
+
+/// A frame's head: its payload's length and checksum, if the head's own checksum holds.
+fn read_head(head: &[u8]) -> Option<(u32, u32)> {
+    let (sums, own) = head.get(..FRAME_HEAD as usize)?.split_at(8);
+    let own = u32::from_be_bytes(own.try_into().ok()?);
+    if crc32fast::hash(sums) != own {
+        return None;
+    }
+    let (len, crc) = sums.split_at(4);
+    Some((
+        u32::from_be_bytes(len.try_into().ok()?),
+        u32::from_be_bytes(crc.try_into().ok()?),
+    ))
+}
+
+/// Whether a whole, good frame starts anywhere in `rest` (the bytes after a bad one).
+fn good_frame_in(rest: &[u8]) -> bool {
+    (0..rest.len()).any(|i| {
+        let Some((len, crc)) = rest.get(i..).and_then(read_head) else {
+            return false;
+        };
+        let start = i + FRAME_HEAD as usize;
+        len > 0
+            && rest
+                .get(start..start + len as usize)
+                .is_some_and(|payload| crc32fast::hash(payload) == crc)
+    })
+}
+
+/// Reads the frames of `file` from the header's end to `end`, calling `replay` for each
+/// entry of each good frame.
+fn scan(file: &File, end: u64, replay: &mut impl FnMut(Entry<'_>)) -> Result<Scan, ScanError> {
+    let mut handle = file;
+    handle.seek(SeekFrom::Start(HEADER))?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER, handle.take(end.saturating_sub(HEADER)));
+    let mut at = HEADER;
+    let mut payload = Vec::new();
+    loop {
+        let left = end.saturating_sub(at);
+        if left == 0 {
+            return Ok(Scan::Clean);
+        }
+        if left < FRAME_HEAD {
+            return Ok(Scan::Torn {
+                at,
+                why: "fewer bytes are left than a frame header",
+            });
+        }
+        let mut head = [0u8; FRAME_HEAD as usize];
+        reader.read_exact(&mut head)?;
+        let unwritten = head.iter().all(|&b| b == 0);
+        let good = match read_head(&head) {
+            Some((len, _)) if at + FRAME_HEAD + u64::from(len) > end => {
+                return Ok(Scan::Torn {
+                    at,
+                    why: "the last frame ends past the end of the file",
+                });
+            }
+            Some((len, crc)) if len > 0 => {
+                payload.clear();
+                payload.resize(len as usize, 0);
+                reader.read_exact(&mut payload)?;
+                crc32fast::hash(&payload) == crc
+            }
+            // No append writes an empty frame: a head of zeros never landed.
+            Some(_) => false,
+            None if unwritten => false,
+            None => {
+                return Err(ScanError::Bad {
+                    at,
+                    reason: "a frame head that does not check out".to_owned(),
+                });
+            }
+        };
+        if !good {
+            let mut rest = Vec::new();
+            let mut handle = file;
+            handle.seek(SeekFrom::Start(at + 1))?;
+            handle.take(end - at - 1).read_to_end(&mut rest)?;
+            if good_frame_in(&rest) {
+                return Err(ScanError::Bad {
+                    at,
+                    reason: "a frame that does not check out, followed by good ones".to_owned(),
+                });
+            }
+            return Ok(Scan::Torn {
+                at,
+                why: "no good frame follows the last one that checks out",
+            });
+        }
+        for item in Entries::new(&payload) {
+            if let Err((offset, reason)) = item {
+                return Err(ScanError::Bad {
+                    at: at + FRAME_HEAD + offset as u64,
+                    reason: format!("{reason} (in the frame at byte {at}, checksum good)"),
+                });
+            }
+        }
+        for (_, entry) in Entries::new(&payload).flatten() {
+            replay(entry);
+        }
+        at += FRAME_HEAD + payload.len() as u64;
+    }
+}
+
+/// Why a journal's header is not this version's.
+enum BadHeader {
+    Corrupt(String),
+    Version(u64),
+    Io(io::Error),
+}
+
+fn check_header(file: &File) -> Result<(), BadHeader> {
+    let mut head = Vec::with_capacity(HEADER_LEN);
+    let mut handle = file;
+    handle.seek(SeekFrom::Start(0)).map_err(BadHeader::Io)?;
+    handle
+        .take(HEADER)
+        .read_to_end(&mut head)
+        .map_err(BadHeader::Io)?;
+    let Some((magic, format)) = head.split_at_checked(MAGIC.len()) else {
+        return Err(short_header(head.len()));
+    };
+    if magic != MAGIC {
+        return Err(BadHeader::Corrupt(format!(
+            "{JOURNAL_FILE} is not an idemgate journal (its first bytes are not ours)"
+        )));
+    }
+    let format: [u8; 8] = format.try_into().map_err(|_| short_header(head.len()))?;
+    match u64::from_be_bytes(format) {
+        FORMAT => Ok(()),
+        other => Err(BadHeader::Version(other)),
+    }
+}
+
+fn short_header(len: usize) -> BadHeader {
+    BadHeader::Corrupt(format!(
+        "{JOURNAL_FILE} is shorter than a journal header ({len} bytes: empty or truncated)"
+    ))
+}
+
+/// Writes a journal holding `live` to the staging file and syncs it, whatever `fsync`
+/// says: the rename that follows must not reach the disk before the contents do.
+/// Returns the file and its length; removes it again when it could not be completed.
+fn stage(dir: &Path, live: &[u8]) -> io::Result<(File, u64)> {
+    let mut frames = Vec::new();
+    let mut start = 0;
+    for item in Entries::new(live) {
+        let (range, _) = item.map_err(|(offset, reason)| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the live records do not decode at byte {offset}: {reason}"),
+            )
+        })?;
+        if range.end - start > REWRITE_FRAME && range.start > start {
+            frames.push(start..range.start);
+            start = range.start;
+        }
+    }
+    if start < live.len() {
+        frames.push(start..live.len());
+    }
+    dir::remove_staging(dir)?;
+    let path = dir.join(STAGING_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let written = write_journal(&file, live, &frames).and_then(|len| {
+        file.sync_all()?;
+        Ok(len)
+    });
+    match written {
+        Ok(len) => Ok((file, len)),
+        Err(err) => {
+            let _ = std::fs::remove_file(&path);
+            Err(err)
+        }
+    }
+}
+
+fn write_journal(file: &File, live: &[u8], frames: &[Range<usize>]) -> io::Result<u64> {
+    let mut out = BufWriter::with_capacity(READ_BUFFER, file);
+    out.write_all(MAGIC)?;
+    out.write_all(&FORMAT.to_be_bytes())?;
+    let mut len = HEADER;
+    for range in frames {
+        let payload = live.get(range.clone()).unwrap_or_default();
+        out.write_all(&frame_head(payload)?)?;
+        out.write_all(payload)?;
+        len += FRAME_HEAD + payload.len() as u64;
+    }
+    out.flush()?;
+    Ok(len)
+}
+
+fn frame_head(payload: &[u8]) -> io::Result<[u8; FRAME_HEAD as usize]> {
+    let len = u32::try_from(payload.len()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a frame holds at most 4 GiB, not {} bytes", payload.len()),
+        )
+    })?;
+    let mut head = [0u8; FRAME_HEAD as usize];
+    let (sums, own) = head.split_at_mut(8);
+    let (l, c) = sums.split_at_mut(4);
+    l.copy_from_slice(&len.to_be_bytes());
+    c.copy_from_slice(&crc32fast::hash(payload).to_be_bytes());
+    own.copy_from_slice(&crc32fast::hash(sums).to_be_bytes());
+    Ok(head)
+}
+
+/// An open journal, and the lock that keeps its directory this process's.
+#[derive(Debug)]
+pub(super) struct Journal {
+    dir: PathBuf,
+    file: File,
+    /// Held (locked) for as long as the journal is open; the lock goes with the handle.
+    _lock: File,
+    /// Where the last good frame ends: the next append is written here.
+    len: u64,
+    fsync: bool,
+    syncs: u64,
+    /// A failed append could not be cut back: the file may be longer than `len`, and is
+    /// cut before the next append so that no stale bytes follow its frame.
+    tail_dirty: bool,
+    scratch: Vec<u8>,
+    /// Fails the next append after its write, as the fail point does, without the feature.
+    #[cfg(test)]
+    fail_next_flush: bool,
+}
+
+impl Journal {
+    /// Creates `dir` if missing, takes the lock file, opens the journal (or creates a new
+    /// one in an empty directory), calls `replay` for every entry in order, and cuts off a
+    /// torn tail. On an error, entries already replayed are to be thrown away.
+    pub(super) fn open(
+        dir: &Path,
+        fsync: bool,
+        mut replay: impl FnMut(Entry<'_>),
+    ) -> Result<Journal, OpenError> {
+        let at = || dir.to_owned();
+        let not_writable = |source| OpenError::NotWritable { path: at(), source };
+        std::fs::create_dir_all(dir).map_err(|source| OpenError::Create { path: at(), source })?;
+        if !dir::has_journal(dir)? {
+            dir::refuse_redb(dir)?;
+        }
+        let lock = dir::lock(dir)?;
+        let (file, len) = if dir::has_journal(dir)? {
+            open_existing(dir, &mut replay)?
+        } else {
+            dir::check_empty(dir)?;
+            let (file, len) = stage(dir, &[]).map_err(not_writable)?;
+            std::fs::rename(dir.join(STAGING_FILE), dir.join(JOURNAL_FILE))
+                .map_err(not_writable)?;
+            dir::sync_dir(dir).map_err(not_writable)?;
+            (file, len)
+        };
+        dir::remove_staging(dir).map_err(not_writable)?;
+        Ok(Journal {
+            dir: dir.to_owned(),
+            file,
+            _lock: lock,
+            len,
+            fsync,
+            syncs: 0,
+            tail_dirty: false,
+            scratch: Vec::new(),
+            #[cfg(test)]
+            fail_next_flush: false,
+        })
+    }
+
+    /// Appends `entries` (concatenated encodings) as one frame with one write at the
+    /// good length, then syncs it when `fsync`. On an error the file is cut back to its
+    /// length before (best effort) and the journal stays usable for the next append.
+    pub(super) fn append(&mut self, entries: &[u8]) -> io::Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let head = frame_head(entries)?;
+        if self.tail_dirty {
+            self.file.set_len(self.len)?;
+            self.tail_dirty = false;
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&head);
+        self.scratch.extend_from_slice(entries);
+        let written = self.write_scratch();
+        if self.scratch.capacity() > SCRATCH_KEEP {
+            self.scratch = Vec::new();
+        }
+        match written {
+            Ok(()) => {
+                self.len += FRAME_HEAD + entries.len() as u64;
+                Ok(())
+            }
+            Err(err) => {
+                // A frame left behind would be replayed after a restart though its
+                // append was refused; `tail_dirty` retries the cut if this one fails.
+                self.tail_dirty = self.file.set_len(self.len).is_err();
+                Err(err)
+            }
+        }
+    }
+
+    fn write_scratch(&mut self) -> io::Result<()> {
+        self.file.seek(SeekFrom::Start(self.len))?;
+        self.file.write_all(&self.scratch)?;
+        failpoint::hit(failpoint::DURING_FLUSH);
+        if failpoint::fails(failpoint::DURING_FLUSH) || self.injected_failure() {
+            return Err(io::Error::other("fail point: the flush failed"));
+        }
+        if self.fsync {
+            self.syncs += 1;
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    fn injected_failure(&mut self) -> bool {
+        std::mem::take(&mut self.fail_next_flush)
+    }
+
+    #[cfg(not(test))]
+    fn injected_failure(&mut self) -> bool {
+        false
+    }
+
+    /// Replaces the whole journal by one holding `live` (concatenated encodings of the
+    /// live records), atomically: a crash at any point leaves the old journal or the new.
+    /// Once the rename is done appends go to the new file, even if the directory's sync
+    /// then fails (that error is still returned: the rename may not be durable yet, but
+    /// either journal holds the live records).
+    pub(super) fn rewrite(&mut self, live: &[u8]) -> io::Result<()> {
+        let (file, len) = stage(&self.dir, live)?;
+        self.syncs += 1;
+        if let Err(err) = std::fs::rename(self.dir.join(STAGING_FILE), self.dir.join(JOURNAL_FILE))
+        {
+            let _ = dir::remove_staging(&self.dir);
+            return Err(err);
+        }
+        self.file = file;
+        self.len = len;
+        self.tail_dirty = false;
+        dir::sync_dir(&self.dir)
+    }
+
+    /// Reads the journal again from its start, calling `replay` per entry: how the index
+    /// is rebuilt from what is on disk after a failed append.
+    pub(super) fn replay(&self, mut replay: impl FnMut(Entry<'_>)) -> io::Result<()> {
+        match scan(&self.file, self.len, &mut replay) {
+            Ok(Scan::Clean) => Ok(()),
+            Ok(Scan::Torn { at, why }) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{JOURNAL_FILE} changed under the store: at byte {at}, {why}"),
+            )),
+            Err(ScanError::Bad { at, reason }) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{JOURNAL_FILE} changed under the store: at byte {at}, {reason}"),
+            )),
+            Err(ScanError::Io(err)) => Err(err),
+        }
+    }
+
+    /// Writes `bytes` zero bytes past the end, syncs them, and cuts them off again: after
+    /// a failed append, whether there is room for it now. The bytes never count: they
+    /// are past the journal's length, and cut before anything else is written.
+    pub(super) fn probe(&mut self, bytes: u64) -> io::Result<()> {
+        let zeros = vec![0u8; usize::try_from(bytes.clamp(1, 64 << 20)).unwrap_or(64 << 20)];
+        self.tail_dirty = true;
+        self.file.seek(SeekFrom::Start(self.len))?;
+        let written = self
+            .file
+            .write_all(&zeros)
+            .and_then(|()| self.file.sync_data());
+        self.file.set_len(self.len)?;
+        self.tail_dirty = false;
+        written
+    }
+
+    /// The journal file.
+    pub(super) fn path(&self) -> PathBuf {
+        self.dir.join(JOURNAL_FILE)
+    }
+
+    /// Bytes of the journal file.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Syncs of the journal made so far, by appends (when `fsync`) and rewrites.
+    pub(super) fn syncs(&self) -> u64 {
+        self.syncs
+    }
+}
+
+/// Opens the journal of `dir`, replays it and cuts off a torn tail; the header is read
+/// before the file is opened for writing, so that a read-only journal of another format
+/// is reported as that.
+fn open_existing(dir: &Path, replay: &mut impl FnMut(Entry<'_>)) -> Result<(File, u64), OpenError> {
+    let at = || dir.to_owned();
+    let path = dir.join(JOURNAL_FILE);
+    let read = File::open(&path).map_err(|source| OpenError::Unreadable { path: at(), source })?;
+    check_header(&read).map_err(|bad| match bad {
+        BadHeader::Corrupt(reason) => OpenError::Corrupt { path: at(), reason },
+        BadHeader::Version(found) => OpenError::Version {
+            path: at(),
+            found: found.to_string(),
+        },
+        BadHeader::Io(source) => OpenError::Unreadable { path: at(), source },
+    })?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| OpenError::NotWritable { path: at(), source })?;
+    let end = file
+        .metadata()
+        .map_err(|source| OpenError::Unreadable { path: at(), source })?
+        .len();
+    match scan(&file, end, replay) {
+        Ok(Scan::Clean) => Ok((file, end)),
+        Ok(Scan::Torn { at: good, why }) => {
+            file.set_len(good)
+                .and_then(|()| file.sync_all())
+                .map_err(|source| OpenError::NotWritable { path: at(), source })?;
+            tracing::warn!(
+                path = %path.display(),
+                at = good,
+                cut = end - good,
+                why,
+                "journal: the last write was interrupted, its frame cut off"
+            );
+            Ok((file, good))
+        }
+        Err(ScanError::Bad { at: offset, reason }) => Err(OpenError::Corrupt {
+            path: at(),
+            reason: format!("{JOURNAL_FILE} at byte {offset}: {reason}"),
+        }),
+        Err(ScanError::Io(source)) => Err(OpenError::Unreadable { path: at(), source }),
+    }
+}

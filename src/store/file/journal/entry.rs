@@ -1,0 +1,125 @@
+//! The entries of a journal frame's payload: how one is encoded, and read back without
+//! trusting a byte of it (a bad entry is an error naming its offset, never a panic).
+
+use std::ops::Range;
+
+use crate::idempotency::ScopedKey;
+
+const PUT: u8 = 1;
+const REMOVE: u8 = 2;
+const KEY_END: usize = 1 + 32;
+const PUT_HEAD: usize = KEY_END + 8 + 4;
+
+/// One change as the journal stores it: a key's whole new state, or its removal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store::file) enum Entry<'a> {
+    Put {
+        key: ScopedKey,
+        expires_ms: u64,
+        record: &'a [u8],
+    },
+    Remove {
+        key: ScopedKey,
+    },
+}
+
+/// Appends the encoding of `entry` to `buf`; the writer batches many into one frame.
+pub(in crate::store::file) fn encode(entry: &Entry<'_>, buf: &mut Vec<u8>) {
+    match *entry {
+        Entry::Put {
+            key,
+            expires_ms,
+            record,
+        } => {
+            let record_len = u32::try_from(record.len())
+                .expect("a record is far below 4 GiB: a body is kept only up to max_response_body");
+            buf.reserve(PUT_HEAD + record.len());
+            buf.push(PUT);
+            buf.extend_from_slice(key.as_bytes());
+            buf.extend_from_slice(&expires_ms.to_be_bytes());
+            buf.extend_from_slice(&record_len.to_be_bytes());
+            buf.extend_from_slice(record);
+        }
+        Entry::Remove { key } => {
+            buf.push(REMOVE);
+            buf.extend_from_slice(key.as_bytes());
+        }
+    }
+}
+
+/// The entries of a payload in order, each with its byte range in the payload; an entry
+/// that does not decode ends the walk with its offset and why.
+pub(super) struct Entries<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Entries<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, at: 0 }
+    }
+
+    fn decode(&self) -> Result<(Entry<'a>, usize), String> {
+        let bytes = self.bytes.get(self.at..).unwrap_or_default();
+        let truncated = |what: &str| format!("the entry ends inside its {what}");
+        let tag = match bytes.first() {
+            Some(&tag) if tag == PUT || tag == REMOVE => tag,
+            Some(tag) => return Err(format!("unknown entry tag {tag}")),
+            None => return Err(truncated("tag")),
+        };
+        let key: [u8; 32] = bytes
+            .get(1..KEY_END)
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(|| truncated("key"))?;
+        let key = ScopedKey::from_bytes(key);
+        match tag {
+            REMOVE => Ok((Entry::Remove { key }, KEY_END)),
+            _ => {
+                let field = |range: Range<usize>| bytes.get(range).ok_or_else(|| truncated("head"));
+                let expires: [u8; 8] = field(KEY_END..KEY_END + 8)?
+                    .try_into()
+                    .map_err(|_| truncated("expiry"))?;
+                let record_len: [u8; 4] = field(KEY_END + 8..PUT_HEAD)?
+                    .try_into()
+                    .map_err(|_| truncated("record length"))?;
+                let end = usize::try_from(u32::from_be_bytes(record_len))
+                    .ok()
+                    .and_then(|len| PUT_HEAD.checked_add(len))
+                    .ok_or_else(|| truncated("record"))?;
+                let record = bytes
+                    .get(PUT_HEAD..end)
+                    .ok_or_else(|| truncated("record"))?;
+                let expires_ms = u64::from_be_bytes(expires);
+                Ok((
+                    Entry::Put {
+                        key,
+                        expires_ms,
+                        record,
+                    },
+                    end,
+                ))
+            }
+        }
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<(Range<usize>, Entry<'a>), (usize, String)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.bytes.len() {
+            return None;
+        }
+        let start = self.at;
+        match self.decode() {
+            Ok((entry, len)) => {
+                self.at = start + len;
+                Some(Ok((start..self.at, entry)))
+            }
+            Err(reason) => {
+                self.at = self.bytes.len();
+                Some(Err((start, reason)))
+            }
+        }
+    }
+}

@@ -1,0 +1,454 @@
+use std::fs;
+use std::path::Path;
+
+use super::*;
+use crate::idempotency::ScopedKey;
+
+/// The directory around the journal: lock, strays, the redb store, staging leftovers.
+mod dir_rules;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Owned {
+    Put([u8; 32], u64, Vec<u8>),
+    Remove([u8; 32]),
+}
+
+fn own(entry: Entry<'_>) -> Owned {
+    match entry {
+        Entry::Put {
+            key,
+            expires_ms,
+            record,
+        } => Owned::Put(*key.as_bytes(), expires_ms, record.to_vec()),
+        Entry::Remove { key } => Owned::Remove(*key.as_bytes()),
+    }
+}
+
+fn put(key: u8, expires_ms: u64, record: &[u8]) -> Owned {
+    Owned::Put([key; 32], expires_ms, record.to_vec())
+}
+
+fn remove(key: u8) -> Owned {
+    Owned::Remove([key; 32])
+}
+
+fn enc(entries: &[Owned]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Owned::Put(key, expires_ms, record) => Entry::Put {
+                key: ScopedKey::from_bytes(*key),
+                expires_ms: *expires_ms,
+                record,
+            },
+            Owned::Remove(key) => Entry::Remove {
+                key: ScopedKey::from_bytes(*key),
+            },
+        };
+        encode(&entry, &mut buf);
+    }
+    buf
+}
+
+fn open(dir: &Path) -> Result<(Journal, Vec<Owned>), OpenError> {
+    let mut seen = Vec::new();
+    let journal = Journal::open(dir, true, |entry| seen.push(own(entry)))?;
+    Ok((journal, seen))
+}
+
+fn open_ok(dir: &Path) -> (Journal, Vec<Owned>) {
+    open(dir).expect("the journal opens")
+}
+
+fn journal_bytes(dir: &Path) -> Vec<u8> {
+    fs::read(dir.join(JOURNAL_FILE)).expect("read the journal")
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = frame_head(payload).expect("a small frame").to_vec();
+    out.extend_from_slice(payload);
+    out
+}
+
+fn header(format: u64) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&format.to_be_bytes());
+    out
+}
+
+/// A journal of three frames; returns the frames' entries and the offset of each frame.
+fn three_frames(dir: &Path) -> (Vec<Vec<Owned>>, Vec<u64>) {
+    let frames = vec![
+        vec![put(1, 10, b"one"), remove(9)],
+        vec![put(2, 20, &[7u8; 300])],
+        vec![put(3, 30, b""), remove(1)],
+    ];
+    let (mut journal, seen) = open_ok(dir);
+    assert!(seen.is_empty());
+    let mut offsets = Vec::new();
+    for entries in &frames {
+        offsets.push(journal.len());
+        journal.append(&enc(entries)).expect("append");
+    }
+    (frames, offsets)
+}
+
+fn assert_corrupt(dir: &Path, needle: &str) {
+    let before = journal_bytes(dir);
+    match open(dir) {
+        Err(err @ OpenError::Corrupt { .. }) => {
+            let message = err.to_string();
+            assert!(message.contains(needle), "{message:?} names {needle:?}");
+        }
+        other => panic!("expected Corrupt naming {needle:?}, got {other:?}"),
+    }
+    assert_eq!(
+        journal_bytes(dir),
+        before,
+        "a refused journal is left as it is"
+    );
+}
+
+#[test]
+fn round_trip_in_order_with_empty_and_large_records() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let large: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let frames = [
+        vec![put(1, 1, b""), remove(2)],
+        vec![put(3, u64::MAX, &large)],
+        vec![put(4, 4, b"four"), put(1, 5, b"again"), remove(4)],
+    ];
+    let (mut journal, _) = open_ok(dir.path());
+    for entries in &frames {
+        journal.append(&enc(entries)).expect("append");
+    }
+    let len = journal.len();
+    drop(journal);
+    assert_eq!(
+        fs::metadata(dir.path().join(JOURNAL_FILE))
+            .expect("meta")
+            .len(),
+        len
+    );
+    let (journal, seen) = open_ok(dir.path());
+    assert_eq!(seen, frames.concat());
+    assert_eq!(journal.len(), len);
+}
+
+#[test]
+fn torn_tails_are_cut_off_and_the_next_append_lands() {
+    let tails: [(&str, Vec<u8>); 5] = [
+        ("fewer bytes than a frame header", vec![0xff; 7]),
+        ("one byte", vec![1]),
+        ("declared end past the end", {
+            let mut t = frame(&enc(&[put(5, 5, b"lost")]));
+            t.truncate(t.len() - 1);
+            t
+        }),
+        ("bad checksum at the end", {
+            let mut t = frame(&enc(&[put(5, 5, b"lost")]));
+            let last = t.len() - 1;
+            t[last] ^= 1;
+            t
+        }),
+        ("zeros to the end", vec![0; 4096]),
+    ];
+    for (kind, tail) in tails {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (frames, _) = three_frames(dir.path());
+        let good = journal_bytes(dir.path());
+        let mut torn = good.clone();
+        torn.extend_from_slice(&tail);
+        fs::write(dir.path().join(JOURNAL_FILE), &torn).expect("write");
+        let (mut journal, seen) = open_ok(dir.path());
+        assert_eq!(seen, frames.concat(), "{kind}");
+        assert_eq!(
+            journal_bytes(dir.path()),
+            good,
+            "{kind}: the tail is cut off"
+        );
+        assert_eq!(journal.len(), good.len() as u64, "{kind}");
+        let next = vec![put(6, 6, b"after the cut")];
+        journal.append(&enc(&next)).expect("append after the cut");
+        drop(journal);
+        let (_, seen) = open_ok(dir.path());
+        assert_eq!(seen, [frames.concat(), next].concat(), "{kind}");
+    }
+}
+
+#[test]
+fn a_cut_at_every_length_of_the_last_frame_keeps_the_earlier_frames() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, offsets) = three_frames(dir.path());
+    let full = journal_bytes(dir.path());
+    let last = offsets[2] as usize;
+    for cut in last..=full.len() {
+        fs::write(dir.path().join(JOURNAL_FILE), &full[..cut]).expect("write");
+        let (journal, seen) = open_ok(dir.path());
+        let expected = if cut == full.len() {
+            frames.concat()
+        } else {
+            frames[..2].concat()
+        };
+        assert_eq!(seen, expected, "cut at {cut}");
+        let kept = if cut == full.len() { cut } else { last };
+        assert_eq!(journal.len(), kept as u64, "cut at {cut}");
+        assert_eq!(journal_bytes(dir.path()).len(), kept, "cut at {cut}");
+    }
+}
+
+#[test]
+fn a_cut_inside_the_header_is_corrupt_and_left_as_it_is() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let whole = header(FORMAT);
+    for cut in 0..whole.len() {
+        fs::write(dir.path().join(JOURNAL_FILE), &whole[..cut]).expect("write");
+        assert_corrupt(dir.path(), "shorter than a journal header");
+    }
+}
+
+#[test]
+fn a_zero_length_journal_is_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    fs::write(dir.path().join(JOURNAL_FILE), b"").expect("write");
+    assert_corrupt(dir.path(), "(0 bytes: empty or truncated)");
+}
+
+#[test]
+fn a_flipped_byte_in_an_earlier_frame_is_corrupt_naming_its_offset() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, offsets) = three_frames(dir.path());
+    let mut bytes = journal_bytes(dir.path());
+    // A byte of the second frame's payload (its record), not of its length.
+    let at = offsets[1] as usize + FRAME_HEAD as usize + 60;
+    bytes[at] ^= 0x40;
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+}
+
+/// The head's own checksum: a length damaged to point past the end of the file is not
+/// taken for an interrupted last write, which would cut the good frames after it.
+#[test]
+fn a_damaged_length_in_an_earlier_frame_is_corrupt_not_a_tail() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, offsets) = three_frames(dir.path());
+    let mut bytes = journal_bytes(dir.path());
+    bytes[offsets[1] as usize] = 0x7F;
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+}
+
+#[test]
+fn zeros_followed_by_a_frame_are_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, offsets) = three_frames(dir.path());
+    let mut bytes = journal_bytes(dir.path());
+    let second = offsets[1] as usize..offsets[2] as usize;
+    bytes[second].fill(0);
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+}
+
+#[test]
+fn a_bad_entry_in_a_frame_with_a_good_checksum_is_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, _) = three_frames(dir.path());
+    let mut bytes = journal_bytes(dir.path());
+    let frame_at = bytes.len();
+    let mut payload = enc(&[remove(4)]);
+    payload.push(9);
+    payload.extend_from_slice(&[0; 32]);
+    bytes.extend_from_slice(&frame(&payload));
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    let entry_at = frame_at + FRAME_HEAD as usize + 33;
+    assert_corrupt(
+        dir.path(),
+        &format!("at byte {entry_at}: unknown entry tag 9"),
+    );
+
+    // A put whose record runs past its frame, the frame's checksum good.
+    let mut payload = enc(&[put(4, 4, b"four")]);
+    payload.truncate(payload.len() - 1);
+    bytes.truncate(frame_at);
+    bytes.extend_from_slice(&frame(&payload));
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), "ends inside its record");
+}
+
+#[test]
+fn another_magic_is_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut bytes = b"redis journal, not ours".to_vec();
+    bytes.extend_from_slice(&[0; 16]);
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), "not an idemgate journal");
+}
+
+#[test]
+fn another_format_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bytes = header(FORMAT + 1);
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    match open(dir.path()) {
+        Err(err @ OpenError::Version { .. }) => {
+            assert!(
+                err.to_string().contains(&format!("format {}", FORMAT + 1)),
+                "{err}"
+            );
+        }
+        other => panic!("expected Version, got {other:?}"),
+    }
+    assert_eq!(journal_bytes(dir.path()), bytes);
+}
+
+#[test]
+fn a_rewrite_holds_exactly_the_live_entries() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, _) = three_frames(dir.path());
+    assert!(!frames.is_empty());
+    let (mut journal, _) = open_ok(dir.path());
+    let big = vec![5u8; 3 << 20];
+    let live: Vec<Owned> = (10..14)
+        .map(|k| put(k, 1, &big))
+        .chain([put(20, 2, b"small")])
+        .collect();
+    journal.rewrite(&enc(&live)).expect("rewrite");
+    let after = vec![remove(10)];
+    journal
+        .append(&enc(&after))
+        .expect("append after the rewrite");
+    assert_eq!(journal.len(), journal_bytes(dir.path()).len() as u64);
+    let mut replayed = Vec::new();
+    journal.replay(|e| replayed.push(own(e))).expect("replay");
+    drop(journal);
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [live, after].concat());
+    assert_eq!(replayed, seen);
+    assert!(!dir.path().join(STAGING_FILE).exists());
+    // 12 MiB of records are split into frames of at most 8 MiB each.
+    let bytes = journal_bytes(dir.path());
+    let mut at = HEADER_LEN;
+    let mut sizes = Vec::new();
+    while at < bytes.len() {
+        let len = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        sizes.push(len);
+        at += FRAME_HEAD as usize + len;
+    }
+    assert!(sizes.len() >= 3, "{sizes:?}");
+    assert!(sizes.iter().all(|&s| s <= REWRITE_FRAME), "{sizes:?}");
+}
+
+#[test]
+fn a_rewrite_of_nothing_leaves_a_header() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    three_frames(dir.path());
+    let (mut journal, _) = open_ok(dir.path());
+    journal.rewrite(&[]).expect("rewrite");
+    drop(journal);
+    assert_eq!(journal_bytes(dir.path()), header(FORMAT));
+}
+
+#[test]
+fn a_rewrite_of_bytes_that_do_not_decode_changes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    three_frames(dir.path());
+    let before = journal_bytes(dir.path());
+    let (mut journal, _) = open_ok(dir.path());
+    assert!(journal.rewrite(&[9, 9, 9]).is_err());
+    assert_eq!(journal_bytes(dir.path()), before);
+    assert!(!dir.path().join(STAGING_FILE).exists());
+}
+
+#[test]
+fn replay_reads_what_open_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, _) = three_frames(dir.path());
+    let (mut journal, seen) = open_ok(dir.path());
+    assert_eq!(seen, frames.concat());
+    let more = vec![put(8, 8, b"eight"), remove(2)];
+    journal.append(&enc(&more)).expect("append");
+    let mut replayed = Vec::new();
+    journal.replay(|e| replayed.push(own(e))).expect("replay");
+    drop(journal);
+    let (_, reopened) = open_ok(dir.path());
+    assert_eq!(replayed, reopened);
+    assert_eq!(replayed, [frames.concat(), more].concat());
+}
+
+#[test]
+fn a_flush_that_fails_after_the_write_is_cut_back() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, _) = three_frames(dir.path());
+    let (mut journal, _) = open_ok(dir.path());
+    let before = journal.len();
+    journal.fail_next_flush = true;
+    let err = journal
+        .append(&enc(&[put(7, 7, b"refused")]))
+        .expect_err("fails");
+    assert!(err.to_string().contains("fail point"), "{err}");
+    assert_eq!(journal.len(), before);
+    assert_eq!(journal_bytes(dir.path()).len() as u64, before);
+    let next = vec![put(8, 8, b"accepted")];
+    journal.append(&enc(&next)).expect("the next append works");
+    drop(journal);
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [frames.concat(), next].concat());
+}
+
+#[test]
+fn a_write_that_fails_leaves_the_file_and_the_next_append_works() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, _) = three_frames(dir.path());
+    let (mut journal, _) = open_ok(dir.path());
+    let before = journal.len();
+    let read_only = File::open(dir.path().join(JOURNAL_FILE)).expect("open");
+    let writable = std::mem::replace(&mut journal.file, read_only);
+    assert!(journal.append(&enc(&[put(7, 7, b"refused")])).is_err());
+    assert_eq!(journal.len(), before);
+    assert_eq!(journal_bytes(dir.path()).len() as u64, before);
+    // The cut back failed too on the read-only handle: retried before the next append.
+    assert!(journal.tail_dirty);
+    journal.file = writable;
+    let next = vec![put(8, 8, b"accepted")];
+    journal.append(&enc(&next)).expect("the next append works");
+    assert!(!journal.tail_dirty);
+    drop(journal);
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [frames.concat(), next].concat());
+}
+
+#[test]
+fn syncs_are_counted_only_when_fsync_is_on() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut journal = Journal::open(dir.path(), false, |_| {}).expect("open");
+    journal.append(&enc(&[remove(1)])).expect("append");
+    assert_eq!(journal.syncs(), 0);
+    journal.append(&[]).expect("nothing to append");
+    assert_eq!(journal.len(), HEADER + FRAME_HEAD + 33);
+    drop(journal);
+    let (mut journal, _) = open_ok(dir.path());
+    journal.append(&enc(&[remove(1)])).expect("append");
+    journal.append(&enc(&[remove(2)])).expect("append");
+    assert_eq!(journal.syncs(), 2);
+}
+
+#[test]
+fn random_bytes_after_a_good_header_never_panic() {
+    let mut rng = fastrand::Rng::with_seed(12);
+    let dir = tempfile::tempdir().expect("temp dir");
+    for round in 0..400 {
+        let mut bytes = header(FORMAT);
+        let n = rng.usize(0..200);
+        if round % 2 == 0 {
+            bytes.extend((0..n).map(|_| rng.u8(..)));
+        } else {
+            // A frame whose checksum is good around random entries.
+            let payload: Vec<u8> = (0..n)
+                .map(|i| if i == 0 { rng.u8(0..4) } else { rng.u8(..) })
+                .collect();
+            bytes.extend_from_slice(&frame(&payload));
+        }
+        fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+        let _ = open(dir.path());
+    }
+}

@@ -1,0 +1,248 @@
+//! The file store's durability: every change the rules make to a shard is encoded as a
+//! journal entry under that shard's lock and queued here with a ticket. The writer
+//! thread (`writer.rs`) appends everything queued with one write and, with `fsync`, one
+//! flush (group commit), then settles the tickets; a caller answers only once the
+//! ticket its answer depends on is settled.
+//!
+//! A write that fails takes every ticket not yet on disk with it: the writer loads the
+//! shards again from the journal, and those tickets' callers get an error.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::watch;
+
+use super::journal::{self, Entry};
+use super::unavailable;
+use crate::idempotency::{Record, ScopedKey};
+use crate::store::{Durability, StoreError};
+
+/// Failed ranges remembered; a ticket older than all of them that may have failed is
+/// answered as failed (a refused request the client retries, never a lost one).
+const FAILURES_KEPT: usize = 1024;
+
+/// The changes waiting for the writer.
+#[derive(Debug, Default)]
+struct Pending {
+    entries: Vec<u8>,
+    /// The ticket of the newest change queued.
+    last: u64,
+    /// The writer sleeps and must be woken for the next change.
+    writer_idle: bool,
+    /// The time of a tick the writer is asked to run (expiry, compaction, a probe).
+    tick: Option<u64>,
+    closed: bool,
+}
+
+/// What callers wait on.
+#[derive(Debug, Default)]
+struct Settled {
+    /// Every ticket up to here is on disk, except those in `failed`.
+    durable: u64,
+    /// Ranges of tickets whose write failed, oldest first.
+    failed: VecDeque<(u64, u64)>,
+    /// The writer has stopped: nothing queued will be settled any more.
+    stopped: bool,
+}
+
+impl Settled {
+    fn outcome(&self, ticket: u64) -> Option<Result<(), StoreError>> {
+        let failed = self
+            .failed
+            .iter()
+            .any(|(from, to)| (*from..=*to).contains(&ticket))
+            || self.failed.front().is_some_and(|(from, _)| ticket < *from)
+                && self.failed.len() == FAILURES_KEPT;
+        if failed {
+            return Some(Err(unavailable(
+                "the file store could not write this change (disk full or an I/O error)".to_owned(),
+            )));
+        }
+        if ticket <= self.durable {
+            return Some(Ok(()));
+        }
+        self.stopped.then(|| {
+            Err(unavailable(
+                "the file store's writer has stopped".to_owned(),
+            ))
+        })
+    }
+}
+
+/// The queue between the shards and the writer.
+#[derive(Debug)]
+pub(super) struct Queue {
+    pending: Mutex<Pending>,
+    wake_writer: Condvar,
+    /// `Settled::durable`, readable without a lock.
+    durable: AtomicU64,
+    /// The newest ticket of any failed write: below `durable` and above this, a ticket
+    /// is settled without looking further.
+    failed_up_to: AtomicU64,
+    settled: watch::Sender<Settled>,
+}
+
+/// What the writer takes from the queue at once.
+#[derive(Debug, Default)]
+pub(super) struct Work {
+    /// Encoded entries, in ticket order.
+    pub(super) entries: Vec<u8>,
+    /// The ticket of the last of them.
+    pub(super) last: u64,
+    pub(super) tick: Option<u64>,
+}
+
+impl Queue {
+    /// A queue whose first ticket follows `durable` (what is already on disk).
+    pub(super) fn new(durable: u64) -> Arc<Self> {
+        Arc::new(Self {
+            pending: Mutex::new(Pending {
+                last: durable,
+                ..Pending::default()
+            }),
+            wake_writer: Condvar::new(),
+            durable: AtomicU64::new(durable),
+            failed_up_to: AtomicU64::new(0),
+            settled: watch::Sender::new(Settled {
+                durable,
+                ..Settled::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // Every mutation completes an entry before the lock is let go.
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, encode: impl FnOnce(&mut Vec<u8>)) -> u64 {
+        let mut pending = self.lock();
+        encode(&mut pending.entries);
+        pending.last += 1;
+        if pending.writer_idle {
+            pending.writer_idle = false;
+            self.wake_writer.notify_one();
+        }
+        pending.last
+    }
+
+    /// Asks the writer to run a tick at `now`.
+    pub(super) fn tick(&self, now: u64) {
+        let mut pending = self.lock();
+        pending.tick = Some(now);
+        if pending.writer_idle {
+            pending.writer_idle = false;
+            self.wake_writer.notify_one();
+        }
+    }
+
+    /// Stops the writer once it has written what is queued.
+    pub(super) fn close(&self) {
+        let mut pending = self.lock();
+        pending.closed = true;
+        self.wake_writer.notify_one();
+    }
+
+    /// Waits for work; `None` once closed and drained. `spare` (emptied) takes the place
+    /// of the entries taken, so the queue's buffer keeps its capacity.
+    pub(super) fn next(&self, mut spare: Vec<u8>) -> Option<Work> {
+        let mut pending = self.lock();
+        loop {
+            if !pending.entries.is_empty() || pending.tick.is_some() {
+                spare.clear();
+                let entries = std::mem::replace(&mut pending.entries, spare);
+                return Some(Work {
+                    entries,
+                    last: pending.last,
+                    tick: pending.tick.take(),
+                });
+            }
+            if pending.closed {
+                return None;
+            }
+            pending.writer_idle = true;
+            pending = self
+                .wake_writer
+                .wait(pending)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Tickets up to `last` are on disk.
+    pub(super) fn settle(&self, last: u64) {
+        self.durable.store(last, Ordering::Release);
+        self.settled.send_modify(|s| s.durable = last);
+    }
+
+    /// Every ticket after the durable ones failed: the queued entries are dropped (the
+    /// caller loads the shards again from disk while it holds their locks). Returns the
+    /// dropped entries, so that the caller can tell which claims they held.
+    pub(super) fn fail_all(&self) -> Vec<u8> {
+        let mut pending = self.lock();
+        let durable = self.durable.load(Ordering::Acquire);
+        let last = pending.last;
+        let dropped = std::mem::take(&mut pending.entries);
+        drop(pending);
+        self.failed_up_to.store(last, Ordering::Release);
+        self.settled.send_modify(|s| {
+            if s.failed.len() == FAILURES_KEPT {
+                s.failed.pop_front();
+            }
+            s.failed.push_back((durable + 1, last));
+        });
+        dropped
+    }
+
+    /// The writer has stopped; whoever still waits is answered.
+    pub(super) fn stopped(&self) {
+        self.settled.send_modify(|s| s.stopped = true);
+    }
+
+    async fn wait(&self, ticket: u64) -> Result<(), StoreError> {
+        if ticket <= self.durable.load(Ordering::Acquire)
+            && ticket > self.failed_up_to.load(Ordering::Acquire)
+        {
+            return Ok(());
+        }
+        let mut settled = self.settled.subscribe();
+        match settled.wait_for(|s| s.outcome(ticket).is_some()).await {
+            Ok(s) => s.outcome(ticket).unwrap_or(Ok(())),
+            Err(_) => Err(unavailable(
+                "the file store's writer has stopped".to_owned(),
+            )),
+        }
+    }
+}
+
+/// The file store's [`Durability`]: changes go to the journal through the queue.
+#[derive(Debug, Clone)]
+pub struct Journaled(pub(super) Arc<Queue>);
+
+impl Durability for Journaled {
+    fn put(&self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64 {
+        let record = record.encode();
+        self.0.push(|buf| {
+            journal::encode(
+                &Entry::Put {
+                    key: *key,
+                    expires_ms,
+                    record: &record,
+                },
+                buf,
+            );
+        })
+    }
+
+    fn remove(&self, key: &ScopedKey) -> u64 {
+        self.0
+            .push(|buf| journal::encode(&Entry::Remove { key: *key }, buf))
+    }
+
+    async fn settle(&self, ticket: u64) -> Result<(), StoreError> {
+        if ticket == 0 {
+            return Ok(());
+        }
+        self.0.wait(ticket).await
+    }
+}
