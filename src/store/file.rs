@@ -176,7 +176,7 @@ impl<C: Clock + Clone> FileStore<C> {
                 reason,
             });
         }
-        metrics.disk_bytes.set(gauge(journal.len()));
+        metrics.disk_bytes.set(gauge(journal.size()));
         let health = Arc::new(Health::default());
         health.alive.store(true, Ordering::Relaxed);
         let writer = Writer::new(

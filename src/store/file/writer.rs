@@ -95,7 +95,7 @@ impl<C: Clock> Writer<C> {
                 self.metrics
                     .flush_seconds
                     .observe(started.elapsed().as_secs_f64());
-                self.metrics.disk_bytes.set(gauge(self.journal.len()));
+                self.metrics.disk_bytes.set(gauge(self.journal.size()));
                 self.queue.settle(last);
                 self.succeeded();
                 true
@@ -206,7 +206,7 @@ impl<C: Clock> Writer<C> {
         match self.journal.rewrite(&live) {
             Ok(()) => {
                 self.compacted = self.journal.len();
-                self.metrics.disk_bytes.set(gauge(self.compacted));
+                self.metrics.disk_bytes.set(gauge(self.journal.size()));
                 tracing::debug!(
                     before,
                     after = self.compacted,

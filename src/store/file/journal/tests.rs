@@ -90,7 +90,44 @@ fn three_frames(dir: &Path) -> (Vec<Vec<Owned>>, Vec<u64>) {
         offsets.push(journal.len());
         journal.append(&enc(entries)).expect("append");
     }
+    // Without the zeros written ahead: the tests cut and damage the frames themselves.
+    let end = journal.len();
+    drop(journal);
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(JOURNAL_FILE))
+        .expect("open");
+    file.set_len(end).expect("cut the zeros written ahead");
     (frames, offsets)
+}
+
+/// With `fsync`, zeros are written ahead of the frames: an append then overwrites them
+/// without growing the file, and an open reads the frames, takes the zeros for what
+/// they are (not a torn tail to cut), and appends after the last frame.
+#[test]
+fn zeros_written_ahead_are_kept_and_written_over() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut journal, _) = open_ok(dir.path());
+    journal.append(&enc(&[put(1, 10, b"one")])).expect("append");
+    let size = journal_bytes(dir.path()).len() as u64;
+    assert_eq!(size, PREALLOCATE, "written ahead");
+    assert_eq!(journal.size(), size);
+    assert!(journal.len() < size);
+    journal.append(&enc(&[put(2, 20, b"two")])).expect("append");
+    assert_eq!(journal_bytes(dir.path()).len() as u64, size, "no growth");
+    let len = journal.len();
+    drop(journal);
+    let (mut journal, seen) = open_ok(dir.path());
+    assert_eq!(seen, vec![put(1, 10, b"one"), put(2, 20, b"two")]);
+    assert_eq!(journal.len(), len, "the frames end where they did");
+    assert_eq!(journal_bytes(dir.path()).len() as u64, size, "nothing cut");
+    journal.append(&enc(&[remove(1)])).expect("append");
+    drop(journal);
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(
+        seen,
+        vec![put(1, 10, b"one"), put(2, 20, b"two"), remove(1)]
+    );
 }
 
 fn assert_corrupt(dir: &Path, needle: &str) {
@@ -123,12 +160,13 @@ fn round_trip_in_order_with_empty_and_large_records() {
         journal.append(&enc(entries)).expect("append");
     }
     let len = journal.len();
+    let size = journal.size();
     drop(journal);
     assert_eq!(
         fs::metadata(dir.path().join(JOURNAL_FILE))
             .expect("meta")
             .len(),
-        len
+        size
     );
     let (journal, seen) = open_ok(dir.path());
     assert_eq!(seen, frames.concat());
@@ -162,10 +200,16 @@ fn torn_tails_are_cut_off_and_the_next_append_lands() {
         fs::write(dir.path().join(JOURNAL_FILE), &torn).expect("write");
         let (mut journal, seen) = open_ok(dir.path());
         assert_eq!(seen, frames.concat(), "{kind}");
+        // Zeros are kept: the same as space written ahead, which the next append uses.
+        let kept = if kind == "zeros to the end" {
+            &torn
+        } else {
+            &good
+        };
         assert_eq!(
-            journal_bytes(dir.path()),
-            good,
-            "{kind}: the tail is cut off"
+            &journal_bytes(dir.path()),
+            kept,
+            "{kind}: the tail is cut off, zeros excepted"
         );
         assert_eq!(journal.len(), good.len() as u64, "{kind}");
         let next = vec![put(6, 6, b"after the cut")];
@@ -317,7 +361,7 @@ fn a_rewrite_holds_exactly_the_live_entries() {
     journal
         .append(&enc(&after))
         .expect("append after the rewrite");
-    assert_eq!(journal.len(), journal_bytes(dir.path()).len() as u64);
+    assert_eq!(journal.size(), journal_bytes(dir.path()).len() as u64);
     let mut replayed = Vec::new();
     journal.replay(|e| replayed.push(own(e))).expect("replay");
     drop(journal);
@@ -429,7 +473,8 @@ fn syncs_are_counted_only_when_fsync_is_on() {
     let (mut journal, _) = open_ok(dir.path());
     journal.append(&enc(&[remove(1)])).expect("append");
     journal.append(&enc(&[remove(2)])).expect("append");
-    assert_eq!(journal.syncs(), 2);
+    // One for each append, and one for the zeros written ahead of the first.
+    assert_eq!(journal.syncs(), 3);
 }
 
 #[test]
