@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::clock::{Clock, TokioClock};
-use super::rules::{Effects, Index, Slot};
+use super::rules::{Effects, Index};
 use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
@@ -208,13 +208,21 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
             .0
     }
 
-    /// Calls `f` with every live entry, one shard locked at a time: a key changed while
-    /// another shard is read is seen before or after the change, never half.
-    pub(crate) fn for_each_live(&self, now: u64, mut f: impl FnMut(&ScopedKey, &Slot)) {
+    /// Calls `f` with every live entry. Each shard is locked only while its entries are
+    /// copied (records are shared, not cloned), so that `f` can take its time: a key
+    /// changed meanwhile is seen before or after the change, never half.
+    pub(crate) fn for_each_live(&self, now: u64, mut f: impl FnMut(&ScopedKey, &Record, u64)) {
+        let mut entries = Vec::new();
         for shard in self.shards.iter() {
-            let shard = lock(shard);
-            for (key, slot) in shard.index.live(now) {
-                f(key, slot);
+            entries.clear();
+            entries.extend(
+                lock(shard)
+                    .index
+                    .live(now)
+                    .map(|(key, slot)| (*key, slot.record.clone(), slot.expires_ms)),
+            );
+            for (key, record, expires_ms) in &entries {
+                f(key, record, *expires_ms);
             }
         }
     }

@@ -270,24 +270,8 @@ fn short_header(len: usize) -> BadHeader {
 /// Writes a journal holding `live` to the staging file and syncs it, whatever `fsync`
 /// says: the rename that follows must not reach the disk before the contents do.
 /// Returns the file and its length; removes it again when it could not be completed.
-fn stage(dir: &Path, live: &[u8]) -> io::Result<(File, u64)> {
-    let mut frames = Vec::new();
-    let mut start = 0;
-    for item in Entries::new(live) {
-        let (range, _) = item.map_err(|(offset, reason)| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("the live records do not decode at byte {offset}: {reason}"),
-            )
-        })?;
-        if range.end - start > REWRITE_FRAME && range.start > start {
-            frames.push(start..range.start);
-            start = range.start;
-        }
-    }
-    if start < live.len() {
-        frames.push(start..live.len());
-    }
+pub(super) fn stage(dir: &Path, live: &[u8]) -> io::Result<Staged> {
+    let frames = split(live)?;
     dir::remove_staging(dir)?;
     let path = dir.join(STAGING_FILE);
     let file = OpenOptions::new()
@@ -300,7 +284,7 @@ fn stage(dir: &Path, live: &[u8]) -> io::Result<(File, u64)> {
         Ok(len)
     });
     match written {
-        Ok(len) => Ok((file, len)),
+        Ok(len) => Ok(Staged { file, len }),
         Err(err) => {
             let _ = std::fs::remove_file(&path);
             Err(err)
@@ -308,17 +292,53 @@ fn stage(dir: &Path, live: &[u8]) -> io::Result<(File, u64)> {
     }
 }
 
-fn write_journal(file: &File, live: &[u8], frames: &[Range<usize>]) -> io::Result<u64> {
-    let mut out = BufWriter::with_capacity(READ_BUFFER, file);
-    out.write_all(MAGIC)?;
-    out.write_all(&FORMAT.to_be_bytes())?;
-    let mut len = HEADER;
+/// A new journal written under the staging name, not yet in place.
+#[derive(Debug)]
+pub(super) struct Staged {
+    file: File,
+    len: u64,
+}
+
+/// Where `buf` (concatenated encodings) is cut into frames: at entry boundaries, each at
+/// most [`REWRITE_FRAME`] unless one entry is larger.
+fn split(buf: &[u8]) -> io::Result<Vec<Range<usize>>> {
+    let mut frames = Vec::new();
+    let mut start = 0;
+    for item in Entries::new(buf) {
+        let (range, _) = item.map_err(|(offset, reason)| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the records do not decode at byte {offset}: {reason}"),
+            )
+        })?;
+        if range.end - start > REWRITE_FRAME && range.start > start {
+            frames.push(start..range.start);
+            start = range.start;
+        }
+    }
+    if start < buf.len() {
+        frames.push(start..buf.len());
+    }
+    Ok(frames)
+}
+
+/// Writes `frames` of `buf` to `out`; returns the bytes written.
+fn write_frames(out: &mut impl Write, buf: &[u8], frames: &[Range<usize>]) -> io::Result<u64> {
+    let mut len = 0;
     for range in frames {
-        let payload = live.get(range.clone()).unwrap_or_default();
+        let payload = buf.get(range.clone()).unwrap_or_default();
         out.write_all(&frame_head(payload)?)?;
         out.write_all(payload)?;
         len += FRAME_HEAD + payload.len() as u64;
     }
+    Ok(len)
+}
+
+fn write_journal(file: &File, live: &[u8], frames: &[Range<usize>]) -> io::Result<u64> {
+    let mut out = BufWriter::with_capacity(READ_BUFFER, file);
+    out.write_all(MAGIC)?;
+    out.write_all(&FORMAT.to_be_bytes())?;
+    let len = HEADER + write_frames(&mut out, live, frames)?;
     out.flush()?;
     Ok(len)
 }
@@ -381,7 +401,7 @@ impl Journal {
             open_existing(dir, &mut replay)?
         } else {
             dir::check_empty(dir)?;
-            let (file, len) = stage(dir, &[]).map_err(not_writable)?;
+            let Staged { file, len } = stage(dir, &[]).map_err(not_writable)?;
             std::fs::rename(dir.join(STAGING_FILE), dir.join(JOURNAL_FILE))
                 .map_err(not_writable)?;
             dir::sync_dir(dir).map_err(not_writable)?;
@@ -491,20 +511,49 @@ impl Journal {
     /// live records), atomically: a crash at any point leaves the old journal or the new.
     /// Once the rename is done appends go to the new file, even if the directory's sync
     /// then fails (that error is still returned: the rename may not be durable yet, but
-    /// either journal holds the live records).
+    /// either journal holds the live records). For the tests: the writer stages on a
+    /// thread of its own and adopts.
+    #[cfg(test)]
     pub(super) fn rewrite(&mut self, live: &[u8]) -> io::Result<()> {
-        let (file, len) = stage(&self.dir, live)?;
+        let staged = stage(&self.dir, live)?;
+        self.adopt(staged, &[])
+    }
+
+    /// Puts `staged` in place of the journal, after appending `tail` to it: the entries
+    /// appended to this journal since the live records in `staged` were read (each one a
+    /// key's whole state, so replaying them after those records ends in the same state).
+    /// The staged file is flushed before the rename, whatever `fsync` says. On an error
+    /// before the rename, this journal stays as it was and the staged file is removed.
+    pub(super) fn adopt(&mut self, staged: Staged, tail: &[u8]) -> io::Result<()> {
+        let Staged { mut file, len } = staged;
+        let appended = split(tail).and_then(|frames| {
+            file.seek(SeekFrom::Start(len))?;
+            let mut out = BufWriter::with_capacity(READ_BUFFER, &file);
+            let written = write_frames(&mut out, tail, &frames)?;
+            out.flush()?;
+            drop(out);
+            file.sync_all()?;
+            std::fs::rename(self.dir.join(STAGING_FILE), self.dir.join(JOURNAL_FILE))?;
+            Ok(len + written)
+        });
+        let len = match appended {
+            Ok(len) => len,
+            Err(err) => {
+                let _ = dir::remove_staging(&self.dir);
+                return Err(err);
+            }
+        };
         self.syncs += 1;
-        if let Err(err) = std::fs::rename(self.dir.join(STAGING_FILE), self.dir.join(JOURNAL_FILE))
-        {
-            let _ = dir::remove_staging(&self.dir);
-            return Err(err);
-        }
         self.file = file;
         self.len = len;
         self.allocated = len;
         self.tail_dirty = false;
         dir::sync_dir(&self.dir)
+    }
+
+    /// The directory the journal is in.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Reads the journal again from its start, calling `replay` per entry: how the index

@@ -42,6 +42,7 @@ pub(super) struct Writer<C: Clock> {
     unsure: Vec<(ScopedKey, OwnerToken)>,
     /// The journal's size after the last compaction (or when it was opened).
     compacted: u64,
+    compaction: Option<Compaction>,
 }
 
 impl<C: Clock> Writer<C> {
@@ -62,6 +63,7 @@ impl<C: Clock> Writer<C> {
             failed_bytes: 0,
             unsure: Vec::new(),
             compacted,
+            compaction: None,
         }
     }
 
@@ -79,8 +81,10 @@ impl<C: Clock> Writer<C> {
             {
                 return;
             }
+            self.finish_compaction();
             spare = work.entries;
         }
+        self.abandon_compaction();
     }
 
     /// Appends one batch; false when the writer cannot go on.
@@ -96,6 +100,9 @@ impl<C: Clock> Writer<C> {
                     .flush_seconds
                     .observe(started.elapsed().as_secs_f64());
                 self.metrics.disk_bytes.set(gauge(self.journal.size()));
+                if let Some(compaction) = &mut self.compaction {
+                    compaction.tail.extend_from_slice(entries);
+                }
                 self.queue.settle(last);
                 self.succeeded();
                 true
@@ -124,6 +131,7 @@ impl<C: Clock> Writer<C> {
     /// Every change not on disk fails; the shards are loaded again from the journal.
     fn failed(&mut self, entries: &[u8]) -> bool {
         self.health.failing.store(true, Ordering::Relaxed);
+        self.abandon_compaction();
         let mut shards = self.core.lock_all();
         let dropped = self.queue.fail_all();
         for batch in [entries, &dropped] {
@@ -182,35 +190,71 @@ impl<C: Clock> Writer<C> {
             return true;
         }
         let threshold = (self.compacted * COMPACT_GROWTH).max(COMPACT_FROM);
-        if self.journal.len() > threshold {
+        if self.compaction.is_none() && self.journal.len() > threshold {
             self.compact(now);
         }
         true
     }
 
-    /// Replaces the journal by one holding the live records only.
+    /// Starts writing a new journal of the live records, on a thread of its own: the
+    /// writer goes on appending meanwhile, and keeps a copy of what it appends.
     fn compact(&mut self, now: u64) {
-        let started = Instant::now();
-        let before = self.journal.len();
-        let mut live = Vec::new();
-        self.core.for_each_live(now, |key, slot| {
-            journal::encode(
-                &Entry::Put {
-                    key: *key,
-                    expires_ms: slot.expires_ms,
-                    record: &slot.record.encode(),
-                },
-                &mut live,
-            );
-        });
-        match self.journal.rewrite(&live) {
+        let core = Arc::clone(&self.core);
+        let dir = self.journal.dir().to_owned();
+        let spawned = std::thread::Builder::new()
+            .name("idemgate-file-compact".to_owned())
+            .spawn(move || {
+                let mut live = Vec::new();
+                core.for_each_live(now, |key, record, expires_ms| {
+                    journal::encode(
+                        &Entry::Put {
+                            key: *key,
+                            expires_ms,
+                            record: &record.encode(),
+                        },
+                        &mut live,
+                    );
+                });
+                journal::stage(&dir, &live)
+            });
+        match spawned {
+            Ok(thread) => {
+                self.compaction = Some(Compaction {
+                    thread,
+                    tail: Vec::new(),
+                    started: Instant::now(),
+                    before: self.journal.len(),
+                });
+            }
+            Err(err) => tracing::warn!(error = %err, "file store: cannot start a compaction"),
+        }
+    }
+
+    /// Puts the compacted journal in place once it is written, with what was appended
+    /// meanwhile.
+    fn finish_compaction(&mut self) {
+        if !self
+            .compaction
+            .as_ref()
+            .is_some_and(|c| c.thread.is_finished())
+        {
+            return;
+        }
+        let Some(compaction) = self.compaction.take() else {
+            return;
+        };
+        let staged = compaction
+            .thread
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the compaction thread panicked")));
+        match staged.and_then(|staged| self.journal.adopt(staged, &compaction.tail)) {
             Ok(()) => {
                 self.compacted = self.journal.len();
                 self.metrics.disk_bytes.set(gauge(self.journal.size()));
                 tracing::debug!(
-                    before,
+                    before = compaction.before,
                     after = self.compacted,
-                    ms = started.elapsed().as_millis() as u64,
+                    ms = compaction.started.elapsed().as_millis() as u64,
                     "file store: journal compacted"
                 );
             }
@@ -219,6 +263,26 @@ impl<C: Clock> Writer<C> {
             }
         }
     }
+
+    /// Drops a compaction under way: what it read may hold changes that a failed write
+    /// has just taken back.
+    fn abandon_compaction(&mut self) {
+        if let Some(compaction) = self.compaction.take() {
+            if let Ok(Ok(staged)) = compaction.thread.join() {
+                drop(staged);
+            }
+            let _ = journal::dir::remove_staging(self.journal.dir());
+        }
+    }
+}
+
+/// A compaction under way.
+struct Compaction {
+    thread: std::thread::JoinHandle<std::io::Result<journal::Staged>>,
+    /// The entries appended to the old journal since the live records were read.
+    tail: Vec<u8>,
+    started: Instant,
+    before: u64,
 }
 
 /// Tells the waiters and `/readyz` that the writer has stopped, when dropped.

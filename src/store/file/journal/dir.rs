@@ -190,7 +190,7 @@ pub(super) fn check_empty(dir: &Path) -> Result<(), OpenError> {
 
 /// Removes a staging file left by a creation or rewrite that did not finish: it never
 /// held a key the journal did not.
-pub(super) fn remove_staging(dir: &Path) -> std::io::Result<()> {
+pub(in crate::store::file) fn remove_staging(dir: &Path) -> std::io::Result<()> {
     match std::fs::remove_file(dir.join(STAGING_FILE)) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
         _ => Ok(()),

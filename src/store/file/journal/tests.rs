@@ -345,6 +345,28 @@ fn another_format_is_refused_naming_it() {
     assert_eq!(journal_bytes(dir.path()), bytes);
 }
 
+/// A compaction reads the live records while appends go on: the staged journal gets
+/// what was appended meanwhile after them, and replaces the old one.
+#[test]
+fn an_adopted_journal_holds_the_live_records_then_what_was_appended_meanwhile() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (mut journal, _) = open_ok(dir.path());
+    journal
+        .append(&enc(&[put(1, 1, b"old"), put(2, 1, b"gone"), remove(2)]))
+        .expect("append");
+    let live = vec![put(1, 1, b"old")];
+    let staged = stage(dir.path(), &enc(&live)).expect("stage");
+    let meanwhile = vec![put(1, 2, b"new"), remove(3)];
+    journal.append(&enc(&meanwhile)).expect("append");
+    journal.adopt(staged, &enc(&meanwhile)).expect("adopt");
+    let after = vec![put(4, 4, b"after")];
+    journal.append(&enc(&after)).expect("append after");
+    drop(journal);
+    assert!(!dir.path().join(STAGING_FILE).exists());
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [live, meanwhile, after].concat());
+}
+
 #[test]
 fn a_rewrite_holds_exactly_the_live_entries() {
     let dir = tempfile::tempdir().expect("temp dir");
