@@ -52,6 +52,8 @@ mod goals;
 mod load;
 #[path = "harness/memory.rs"]
 mod memory;
+#[path = "harness/open.rs"]
+mod open;
 #[path = "harness/procs.rs"]
 mod procs;
 #[path = "harness/report.rs"]
@@ -256,6 +258,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     }
     if args.disk {
         return disk::run(&args::disk_plan(args)).await;
+    }
+    if let Some(records) = args.open {
+        return open::run(records).await;
     }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;

@@ -40,6 +40,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       10 % after three ttls [--duration 120; smoke 3]
   --ttl SECS          --disk: idempotency.ttl                   [5; smoke 0.3]
   --nosync            --disk: fsync: false
+  --open N            instead: the time the file store takes to open with N live
+                      records (written first through the library, fsync: false)
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// How a pass drives each (target, scenario).
@@ -69,6 +71,8 @@ pub(crate) struct Args {
     pub(crate) log_level: String,
     /// The memory mode instead of the scenarios.
     pub(crate) memory: bool,
+    /// `--open N`: the open mode's record count.
+    pub(crate) open: Option<u64>,
     /// `--entries`: `store.max_entries` of the memory mode.
     entries: Option<usize>,
     /// `--duration` was given: the memory mode runs that long.
@@ -103,6 +107,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         scenarios: Scenario::ALL.to_vec(),
         log_level: "warn".to_owned(),
         memory: false,
+        open: None,
         entries: None,
         duration_set: false,
         disk: false,
@@ -133,6 +138,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             }
             "--memory" => args.memory = true,
             "--disk" => args.disk = true,
+            "--open" => args.open = Some(value()?.parse().map_err(|err| format!("--open: {err}"))?),
             "--nosync" => args.nosync = true,
             "--ttl" => args.ttl = Some(seconds(value()?)?).filter(|d| !d.is_zero()),
             "--entries" => {
