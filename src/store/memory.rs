@@ -147,17 +147,9 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
         key: &ScopedKey,
         rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
     ) -> (T, u64) {
-        let mut shard = self.shard(key);
-        let Inner { index, watchers } = &mut *shard.inner;
-        let mut fx = Fx {
-            durability: &self.durability,
-            watchers,
-            ticket: 0,
-            evicted: 0,
-        };
-        let out = rule(index, &mut fx);
-        self.evictions.inc_by(fx.evicted);
-        (out, fx.ticket)
+        let (out, ticket, evicted) = self.shard(key).run(&self.durability, rule);
+        self.evictions.inc_by(evicted);
+        (out, ticket)
     }
 
     /// Runs a rule, then waits until what it answers from is durable.
@@ -177,17 +169,11 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
         let mut gone = 0;
         for shard in self.shards.iter() {
             let mut shard = Shard::new(lock(shard), &self.entries, &self.stored_bytes);
-            if !shard.inner.index.may_have_expired(now) {
-                continue;
+            if shard.inner.index.may_have_expired(now) {
+                gone += shard
+                    .run(&self.durability, |index, fx| index.sweep(now, fx))
+                    .0;
             }
-            let Inner { index, watchers } = &mut *shard.inner;
-            let mut fx = Fx {
-                durability: &self.durability,
-                watchers,
-                ticket: 0,
-                evicted: 0,
-            };
-            gone += index.sweep(now, &mut fx);
         }
         gone
     }
@@ -343,6 +329,26 @@ impl<'a> Shard<'a> {
             entries,
             stored_bytes,
         }
+    }
+}
+
+impl Shard<'_> {
+    /// Runs a rule on this shard; returns its outcome, the ticket to settle and how many
+    /// live records it evicted.
+    fn run<T, D: Durability>(
+        &mut self,
+        durability: &D,
+        rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
+    ) -> (T, u64, u64) {
+        let Inner { index, watchers } = &mut *self.inner;
+        let mut fx = Fx {
+            durability,
+            watchers,
+            ticket: 0,
+            evicted: 0,
+        };
+        let out = rule(index, &mut fx);
+        (out, fx.ticket, fx.evicted)
     }
 }
 

@@ -258,39 +258,39 @@ fn a_zero_length_journal_is_corrupt() {
     assert_corrupt(dir.path(), "(0 bytes: empty or truncated)");
 }
 
-#[test]
-fn a_flipped_byte_in_an_earlier_frame_is_corrupt_naming_its_offset() {
+/// Damages the second of three frames with `damage` (given the bytes and the frames'
+/// offsets): the open is refused as corrupt, naming that frame's offset.
+fn assert_damage_to_the_second_frame_is_corrupt(damage: impl FnOnce(&mut [u8], &[u64])) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (_, offsets) = three_frames(dir.path());
     let mut bytes = journal_bytes(dir.path());
-    // A byte of the second frame's payload (its record), not of its length.
-    let at = offsets[1] as usize + FRAME_HEAD as usize + 60;
-    bytes[at] ^= 0x40;
+    damage(&mut bytes, &offsets);
     fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
     assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+}
+
+#[test]
+fn a_flipped_byte_in_an_earlier_frame_is_corrupt_naming_its_offset() {
+    // A byte of the second frame's payload (its record), not of its length.
+    assert_damage_to_the_second_frame_is_corrupt(|bytes, offsets| {
+        bytes[offsets[1] as usize + FRAME_HEAD as usize + 60] ^= 0x40;
+    });
 }
 
 /// The head's own checksum: a length damaged to point past the end of the file is not
 /// taken for an interrupted last write, which would cut the good frames after it.
 #[test]
 fn a_damaged_length_in_an_earlier_frame_is_corrupt_not_a_tail() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (_, offsets) = three_frames(dir.path());
-    let mut bytes = journal_bytes(dir.path());
-    bytes[offsets[1] as usize] = 0x7F;
-    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
-    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+    assert_damage_to_the_second_frame_is_corrupt(|bytes, offsets| {
+        bytes[offsets[1] as usize] = 0x7F;
+    });
 }
 
 #[test]
 fn zeros_followed_by_a_frame_are_corrupt() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (_, offsets) = three_frames(dir.path());
-    let mut bytes = journal_bytes(dir.path());
-    let second = offsets[1] as usize..offsets[2] as usize;
-    bytes[second].fill(0);
-    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
-    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+    assert_damage_to_the_second_frame_is_corrupt(|bytes, offsets| {
+        bytes[offsets[1] as usize..offsets[2] as usize].fill(0);
+    });
 }
 
 #[test]
