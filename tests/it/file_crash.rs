@@ -279,7 +279,11 @@ async fn killed_during_the_records_flush_the_key_is_never_executed_again() {
 /// reached the upstream twice.
 #[tokio::test]
 async fn a_randomized_crash_loop_never_executes_a_key_twice() {
-    const ROUNDS: usize = 10;
+    // 200 rounds take about 11 s here; `IDEMGATE_CRASH_ROUNDS=N` for a longer run.
+    let rounds: usize = std::env::var("IDEMGATE_CRASH_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
     const REQUESTS: usize = 16;
     const POINTS: [&str; 7] = [
         "",
@@ -297,7 +301,7 @@ async fn a_randomized_crash_loop_never_executes_a_key_twice() {
     let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), rng.bool()));
     let path = file.path().to_string_lossy().into_owned();
     let mut keys: Vec<String> = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let point = POINTS[rng.usize(..POINTS.len())];
         let env: &[(&str, &str)] = if point.is_empty() {
             &[]
@@ -350,5 +354,10 @@ async fn a_randomized_crash_loop_never_executes_a_key_twice() {
         .filter(|(_, n)| *n > 1)
         .collect();
     assert_eq!(duplicates, [], "seed {seed}: keys executed more than once");
+    println!(
+        "{rounds} crash rounds, {} keys, {} executions, no key twice (seed {seed})",
+        keys.len(),
+        up.count()
+    );
     drop(proxy);
 }
