@@ -153,7 +153,7 @@ fn load(shards: &mut super::memory::AllShards<'_>, entry: Entry<'_>) -> Result<(
 impl<C: Clock + Clone> FileStore<C> {
     pub fn open_with_clock(options: &FileOptions, clock: C) -> Result<Self, OpenError> {
         let metrics = FileMetrics::new();
-        let queue = Queue::new(0);
+        let queue = Queue::new(0, !options.fsync);
         let core = Arc::new(MemoryStore::durable(
             options.max_entries,
             clock.clone(),

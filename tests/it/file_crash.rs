@@ -119,9 +119,21 @@ impl Crashed {
 /// nobody holds and then turning `outcome-unknown`.
 #[tokio::test]
 async fn a_claim_whose_flush_failed_is_refused_and_its_marker_does_not_hold_the_retry() {
+    a_failed_claim_is_refused_and_its_retry_executes(true).await;
+}
+
+/// The same without `fsync`, where the request's own task writes the journal (not the
+/// writer thread) and so is the one that finds the write failed and loads the store
+/// again.
+#[tokio::test]
+async fn without_fsync_a_claim_whose_write_failed_is_refused_and_its_retry_executes() {
+    a_failed_claim_is_refused_and_its_retry_executes(false).await;
+}
+
+async fn a_failed_claim_is_refused_and_its_retry_executes(fsync: bool) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), true));
+    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), fsync));
     let path = file.path().to_string_lossy().into_owned();
     let proxy = Running::start_with_env(
         &["--config", &path],

@@ -70,9 +70,21 @@ impl Settled {
     }
 }
 
+/// Where a caller writes what is queued itself (`fsync: false`): the writer, when no
+/// one else holds it.
+pub(super) trait Seat: Send + Sync {
+    /// Writes everything queued if the writer is free; false when it is not (someone
+    /// else writes, and settles) or it has stopped.
+    fn write_queued(&self) -> bool;
+}
+
 /// The queue between the shards and the writer.
-#[derive(Debug)]
 pub(super) struct Queue {
+    /// With `fsync: false` a write costs a few µs: the caller waiting for it writes
+    /// what is queued itself rather than waking the writer thread and waiting to be
+    /// woken in turn. With `fsync: true` a flush would block a worker thread.
+    inline: bool,
+    seat: std::sync::OnceLock<std::sync::Weak<dyn Seat>>,
     pending: Mutex<Pending>,
     wake_writer: Condvar,
     /// `Settled::durable`, readable without a lock.
@@ -81,6 +93,15 @@ pub(super) struct Queue {
     /// is settled without looking further.
     failed_up_to: AtomicU64,
     settled: watch::Sender<Settled>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("inline", &self.inline)
+            .field("durable", &self.durable)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the writer takes from the queue at once.
@@ -94,9 +115,12 @@ pub(super) struct Work {
 }
 
 impl Queue {
-    /// A queue whose first ticket follows `durable` (what is already on disk).
-    pub(super) fn new(durable: u64) -> Arc<Self> {
+    /// A queue whose first ticket follows `durable` (what is already on disk); its
+    /// callers write themselves when `inline`.
+    pub(super) fn new(durable: u64, inline: bool) -> Arc<Self> {
         Arc::new(Self {
+            inline,
+            seat: std::sync::OnceLock::new(),
             pending: Mutex::new(Pending {
                 last: durable,
                 ..Pending::default()
@@ -120,11 +144,31 @@ impl Queue {
         let mut pending = self.lock();
         encode(&mut pending.entries);
         pending.last += 1;
-        if pending.writer_idle {
+        if pending.writer_idle && !self.inline {
             pending.writer_idle = false;
             self.wake_writer.notify_one();
         }
         pending.last
+    }
+
+    /// The writer callers write through, when `inline`.
+    pub(super) fn seat(&self, seat: std::sync::Weak<dyn Seat>) {
+        let _ = self.seat.set(seat);
+    }
+
+    /// What is queued, if anything, without waiting.
+    pub(super) fn take(&self, mut spare: Vec<u8>) -> Option<Work> {
+        let mut pending = self.lock();
+        if pending.entries.is_empty() {
+            return None;
+        }
+        spare.clear();
+        let entries = std::mem::replace(&mut pending.entries, spare);
+        Some(Work {
+            entries,
+            last: pending.last,
+            tick: None,
+        })
     }
 
     /// Asks the writer to run a tick at `now`.
@@ -205,12 +249,24 @@ impl Queue {
         {
             return Ok(());
         }
-        let mut settled = self.settled.subscribe();
-        match settled.wait_for(|s| s.outcome(ticket).is_some()).await {
-            Ok(s) => s.outcome(ticket).unwrap_or(Ok(())),
-            Err(_) => Err(unavailable(
-                "the file store's writer has stopped".to_owned(),
-            )),
+        loop {
+            // Subscribed before the writer is tried: a settlement made by whoever holds
+            // it from now on is seen below.
+            let mut settled = self.settled.subscribe();
+            if let Some(outcome) = settled.borrow_and_update().outcome(ticket) {
+                return outcome;
+            }
+            let wrote = self.inline
+                && self
+                    .seat
+                    .get()
+                    .and_then(std::sync::Weak::upgrade)
+                    .is_some_and(|seat| seat.write_queued());
+            if !wrote && settled.changed().await.is_err() {
+                return Err(unavailable(
+                    "the file store's writer has stopped".to_owned(),
+                ));
+            }
         }
     }
 }

@@ -113,6 +113,38 @@ async fn concurrent_claims_share_flushes() {
     assert_eq!(s.len(), u64::from(claims));
 }
 
+/// Without `fsync` the callers write the journal themselves: every concurrent claim is
+/// written when answered (a caller that finds another writing waits for it, then writes
+/// what is left), and all of them survive a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_fsync_callers_write_for_each_other_and_every_claim_lands() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = FileOptions {
+        fsync: false,
+        ..options(dir.path(), 10_000)
+    };
+    let claims = 400u32;
+    {
+        let s = Arc::new(FileStore::open(&options).expect("open"));
+        let tasks: Vec<_> = (0..claims)
+            .map(|k| {
+                let s = Arc::clone(&s);
+                tokio::spawn(async move { s.claim(req(k)).await })
+            })
+            .collect();
+        for task in tasks {
+            assert!(matches!(
+                task.await.expect("join").expect("claim"),
+                Claim::Acquired(_)
+            ));
+        }
+        // Shared when callers overlap: never more writes than claims.
+        assert!(s.flushes() <= u64::from(claims), "{} writes", s.flushes());
+    }
+    let s = FileStore::open(&options).expect("reopen");
+    assert_eq!(s.len(), u64::from(claims));
+}
+
 #[tokio::test]
 async fn the_disk_bytes_gauge_follows_the_file_as_it_grows() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -9,12 +9,12 @@
 //! disk are gone from memory too, and their callers are refused. The store is not
 //! ready until a write or a probe succeeds, and recovers without a restart.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::journal::{self, Entry, Journal};
-use super::queue::{Journaled, Queue};
+use super::queue::{Journaled, Queue, Seat};
 use super::{FileMetrics, Health, gauge, load};
 use crate::idempotency::{OwnerToken, Record, ScopedKey};
 use crate::store::clock::Clock;
@@ -43,6 +43,10 @@ pub(super) struct Writer<C: Clock> {
     /// The journal's size after the last compaction (or when it was opened).
     compacted: u64,
     compaction: Option<Compaction>,
+    /// A write from a caller's seat found the writer cannot go on.
+    stopped: bool,
+    /// The buffer the queue's entries are swapped into, for a caller's write.
+    spare: Vec<u8>,
 }
 
 impl<C: Clock> Writer<C> {
@@ -64,27 +68,39 @@ impl<C: Clock> Writer<C> {
             unsure: Vec::new(),
             compacted,
             compaction: None,
+            stopped: false,
+            spare: Vec::new(),
         }
     }
 
-    /// Writes until the store is dropped and the queue drained.
-    pub(super) fn run(mut self) {
+    /// Writes until the store is dropped and the queue drained. With `fsync: false` the
+    /// callers write what is queued themselves (`Seat`), and this thread runs the ticks
+    /// and writes only what nobody waits for.
+    pub(super) fn run(self) {
+        let queue = Arc::clone(&self.queue);
         // However the loop ends, a panic included, waiters and `/readyz` learn of it.
-        let _stopped = Stopped(Arc::clone(&self.queue), Arc::clone(&self.health));
+        let _stopped = Stopped(Arc::clone(&queue), Arc::clone(&self.health));
+        let seat: Arc<Mutex<Self>> = Arc::new(Mutex::new(self));
+        let weak: std::sync::Weak<Mutex<Self>> = Arc::downgrade(&seat);
+        queue.seat(weak);
         let mut spare = Vec::new();
-        while let Some(work) = self.queue.next(spare) {
-            if !work.entries.is_empty() && !self.write(&work.entries, work.last) {
-                return;
-            }
-            if let Some(now) = work.tick
-                && !self.tick(now)
+        while let Some(work) = queue.next(spare) {
+            let mut writer = seat.lock().unwrap_or_else(PoisonError::into_inner);
+            if writer.stopped || !work.entries.is_empty() && !writer.write(&work.entries, work.last)
             {
                 return;
             }
-            self.finish_compaction();
+            if let Some(now) = work.tick
+                && !writer.tick(now)
+            {
+                return;
+            }
+            writer.finish_compaction();
             spare = work.entries;
         }
-        self.abandon_compaction();
+        seat.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .abandon_compaction();
     }
 
     /// Appends one batch; false when the writer cannot go on.
@@ -273,6 +289,33 @@ impl<C: Clock> Writer<C> {
             }
             let _ = journal::dir::remove_staging(self.journal.dir());
         }
+    }
+}
+
+impl<C: Clock> Seat for Mutex<Writer<C>> {
+    fn write_queued(&self) -> bool {
+        let mut writer = match self.try_lock() {
+            Ok(writer) => writer,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        if writer.stopped {
+            return false;
+        }
+        let spare = std::mem::take(&mut writer.spare);
+        let Some(work) = writer.queue.take(spare) else {
+            return true;
+        };
+        if !writer.write(&work.entries, work.last) {
+            // The thread finds it at its next tick and stops; the queue answers now.
+            writer.stopped = true;
+            writer.health.alive.store(false, Ordering::Relaxed);
+            writer.queue.stopped();
+            return false;
+        }
+        writer.finish_compaction();
+        writer.spare = work.entries;
+        true
     }
 }
 
