@@ -82,6 +82,8 @@ pub const FORMAT_AT: usize = MAGIC.len();
 /// writes the data alone, not the file's new size through the filesystem's journal as
 /// well (a third less time per `fdatasync` on ext4 here, BENCHMARKS.md).
 const PREALLOCATE: u64 = 1 << 20;
+/// The most a probe for room writes.
+const PROBE_MOST: u64 = 1 << 20;
 /// A rewrite's frames close at this size (a larger record gets a frame of its own), so
 /// that replaying one never needs a buffer the size of the whole journal.
 const REWRITE_FRAME: usize = 8 << 20;
@@ -577,7 +579,9 @@ impl Journal {
     /// a failed append, whether there is room for it now. The bytes never count: they
     /// are past the journal's length, and cut before anything else is written.
     pub(super) fn probe(&mut self, bytes: u64) -> io::Result<()> {
-        let zeros = vec![0u8; usize::try_from(bytes.clamp(1, 64 << 20)).unwrap_or(64 << 20)];
+        // At most 1 MiB: a failed batch of many large records may never fit whole, and
+        // the store must still find out that there is room for the next one.
+        let zeros = vec![0u8; usize::try_from(bytes.clamp(1, PROBE_MOST)).unwrap_or(1)];
         self.tail_dirty = true;
         self.file.seek(SeekFrom::Start(self.len))?;
         let written = self

@@ -111,7 +111,6 @@ pub(super) struct Work {
     pub(super) entries: Vec<u8>,
     /// The ticket of the last of them.
     pub(super) last: u64,
-    pub(super) tick: Option<u64>,
 }
 
 impl Queue {
@@ -156,7 +155,8 @@ impl Queue {
         let _ = self.seat.set(seat);
     }
 
-    /// What is queued, if anything, without waiting.
+    /// What is queued, if anything, without waiting. Called only by whoever holds the
+    /// writer.
     pub(super) fn take(&self, mut spare: Vec<u8>) -> Option<Work> {
         let mut pending = self.lock();
         if pending.entries.is_empty() {
@@ -167,7 +167,6 @@ impl Queue {
         Some(Work {
             entries,
             last: pending.last,
-            tick: None,
         })
     }
 
@@ -188,19 +187,17 @@ impl Queue {
         self.wake_writer.notify_one();
     }
 
-    /// Waits for work; `None` once closed and drained. `spare` (emptied) takes the place
-    /// of the entries taken, so the queue's buffer keeps its capacity.
-    pub(super) fn next(&self, mut spare: Vec<u8>) -> Option<Work> {
+    /// Waits until the writer thread has something to do: queued entries (unless the
+    /// callers write them, `inline`), or a tick. Returns the tick's time, if one was
+    /// asked for; `None` once the queue is closed. Takes no entries: whoever writes
+    /// takes them while it holds the writer, so that batches reach the journal in
+    /// ticket order.
+    pub(super) fn wait_for_work(&self) -> Option<Option<u64>> {
         let mut pending = self.lock();
         loop {
-            if !pending.entries.is_empty() || pending.tick.is_some() {
-                spare.clear();
-                let entries = std::mem::replace(&mut pending.entries, spare);
-                return Some(Work {
-                    entries,
-                    last: pending.last,
-                    tick: pending.tick.take(),
-                });
+            let tick = pending.tick.take();
+            if tick.is_some() || !self.inline && !pending.entries.is_empty() {
+                return Some(tick);
             }
             if pending.closed {
                 return None;
@@ -215,8 +212,9 @@ impl Queue {
 
     /// Tickets up to `last` are on disk.
     pub(super) fn settle(&self, last: u64) {
-        self.durable.store(last, Ordering::Release);
-        self.settled.send_modify(|s| s.durable = last);
+        self.durable.fetch_max(last, Ordering::Release);
+        self.settled
+            .send_modify(|s| s.durable = s.durable.max(last));
     }
 
     /// Every ticket after the durable ones failed: the queued entries are dropped (the
@@ -236,6 +234,14 @@ impl Queue {
             s.failed.push_back((durable + 1, last));
         });
         dropped
+    }
+
+    /// Whoever held the writer has let it go: if entries are queued, the callers that
+    /// found it held try again (they wait for a change of the settlements).
+    pub(super) fn released(&self) {
+        if self.inline && !self.lock().entries.is_empty() {
+            self.settled.send_modify(|_| {});
+        }
     }
 
     /// The writer has stopped; whoever still waits is answered.

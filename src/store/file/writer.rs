@@ -83,24 +83,38 @@ impl<C: Clock> Writer<C> {
         let seat: Arc<Mutex<Self>> = Arc::new(Mutex::new(self));
         let weak: std::sync::Weak<Mutex<Self>> = Arc::downgrade(&seat);
         queue.seat(weak);
-        let mut spare = Vec::new();
-        while let Some(work) = queue.next(spare) {
+        loop {
+            let tick = queue.wait_for_work();
             let mut writer = seat.lock().unwrap_or_else(PoisonError::into_inner);
-            if writer.stopped || !work.entries.is_empty() && !writer.write(&work.entries, work.last)
-            {
+            if writer.stopped || !writer.write_queued() {
                 return;
             }
-            if let Some(now) = work.tick
-                && !writer.tick(now)
+            let Some(tick) = tick else {
+                // Closed, and what was queued is written.
+                writer.abandon_compaction();
+                return;
+            };
+            if let Some(now) = tick
+                && !(writer.tick(now) && writer.write_queued())
             {
                 return;
             }
             writer.finish_compaction();
-            spare = work.entries;
+            drop(writer);
+            queue.released();
         }
-        seat.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .abandon_compaction();
+    }
+
+    /// Writes what is queued, if anything, while this writer is held; false when the
+    /// writer cannot go on.
+    fn write_queued(&mut self) -> bool {
+        let spare = std::mem::take(&mut self.spare);
+        let Some(work) = self.queue.take(spare) else {
+            return true;
+        };
+        let wrote = self.write(&work.entries, work.last);
+        self.spare = work.entries;
+        wrote
     }
 
     /// Appends one batch; false when the writer cannot go on.
@@ -294,27 +308,42 @@ impl<C: Clock> Writer<C> {
 
 impl<C: Clock> Seat for Mutex<Writer<C>> {
     fn write_queued(&self) -> bool {
-        let mut writer = match self.try_lock() {
-            Ok(writer) => writer,
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+        let (wrote, queue) = {
+            let Some(mut writer) = held(self) else {
+                return false;
+            };
+            (writer.write_for_a_caller(), Arc::clone(&writer.queue))
         };
-        if writer.stopped {
+        queue.released();
+        wrote
+    }
+}
+
+/// The writer, if nobody else holds it.
+fn held<C: Clock>(seat: &Mutex<Writer<C>>) -> Option<std::sync::MutexGuard<'_, Writer<C>>> {
+    match seat.try_lock() {
+        Ok(writer) => Some(writer),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+impl<C: Clock> Writer<C> {
+    /// A caller's write of what is queued (`fsync: false`); false when the writer has
+    /// stopped.
+    fn write_for_a_caller(&mut self) -> bool {
+        if self.stopped {
             return false;
         }
-        let spare = std::mem::take(&mut writer.spare);
-        let Some(work) = writer.queue.take(spare) else {
-            return true;
-        };
-        if !writer.write(&work.entries, work.last) {
-            // The thread finds it at its next tick and stops; the queue answers now.
-            writer.stopped = true;
-            writer.health.alive.store(false, Ordering::Relaxed);
-            writer.queue.stopped();
+        if !self.write_queued() {
+            // The thread finds it when it next holds the writer, and stops; the queue
+            // answers the waiters now.
+            self.stopped = true;
+            self.health.alive.store(false, Ordering::Relaxed);
+            self.queue.stopped();
             return false;
         }
-        writer.finish_compaction();
-        writer.spare = work.entries;
+        self.finish_compaction();
         true
     }
 }
