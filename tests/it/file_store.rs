@@ -162,6 +162,11 @@ async fn a_store_of_another_format_exits_1_and_is_left_as_it_is() {
     let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
     let path = file.path().to_string_lossy().into_owned();
     let mut running = Running::start(&["--config", &path]).await;
+    // A request answered: the store was open and written.
+    let answer = TestClient::new(running.addr)
+        .post("/charges", "k", "{}")
+        .await;
+    assert_eq!(answer.status, 201);
     running.terminate().await;
     running.wait_exit().await;
     // A store as a later idemgate might write it: another format number in the header.
@@ -390,16 +395,23 @@ fn prlimit(pid: u32, limit: &str) {
 }
 
 /// Polls `/readyz` (its answer is cached for a second) until it answers `status`.
-async fn readyz_becomes(admin: &TestClient, status: u16) {
+async fn readyz_becomes(admin: &TestClient, status: u16, running: &Running) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         if admin.send("GET", "/readyz", &[], "").await.status == status {
             return;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "/readyz never answered {status}"
-        );
+        if std::time::Instant::now() >= deadline {
+            let log = running.stderr();
+            let tail: Vec<&str> = log
+                .lines()
+                .filter(|line| !line.contains("idemgate::access"))
+                .collect();
+            panic!(
+                "/readyz never answered {status}; idemgate's log without access lines, last 40:\n{}",
+                tail[tail.len().saturating_sub(40)..].join("\n")
+            );
+        }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
@@ -428,7 +440,7 @@ async fn the_store_recovers_from(disk: FullDisk) {
         assert_eq!(r.status, 200, "{}", r.text());
         acknowledged.push((key, r.body));
     }
-    readyz_becomes(&admin, 200).await;
+    readyz_becomes(&admin, 200, &running).await;
 
     let filled = disk.fill(&running, &store);
     let mut refused = false;
@@ -444,11 +456,11 @@ async fn the_store_recovers_from(disk: FullDisk) {
         assert_eq!(r.status, 200, "{}", r.text());
     }
     assert!(refused, "the full disk never refused a claim");
-    readyz_becomes(&admin, 503).await;
+    readyz_becomes(&admin, 503, &running).await;
 
     filled.free();
     // Nothing is sent meanwhile: the store finds out on its own that it can write.
-    readyz_becomes(&admin, 200).await;
+    readyz_becomes(&admin, 200, &running).await;
     let after = c.post("/big/2000", "after", "{}").await;
     assert_eq!(after.status, 200, "{}", after.text());
     assert!(!after.replayed());

@@ -121,7 +121,16 @@ impl<C: Clock> Writer<C> {
     fn write(&mut self, entries: &[u8], last: u64) -> bool {
         let started = Instant::now();
         let syncs = self.journal.syncs();
-        match self.journal.append(entries) {
+        // After a failed write, a small one (a claim) may still fit where the records
+        // that follow it will not: until a probe as large as the failed write (up to
+        // 1 MiB) fits, every write fails, so that claims are refused rather than
+        // executed with outcomes that cannot be recorded.
+        let room = if self.health.failing.load(Ordering::Relaxed) {
+            self.journal.probe(self.failed_bytes)
+        } else {
+            Ok(())
+        };
+        match room.and_then(|()| self.journal.append(entries)) {
             Ok(()) => {
                 // The metrics first: whoever the settlement wakes sees them up to date.
                 self.metrics.flushes.inc();
