@@ -126,6 +126,12 @@ pub enum DecodeError {
 impl InFlight {
     pub fn encode(&self) -> Bytes {
         let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN + 8);
+        self.encode_into(&mut out);
+        out.freeze()
+    }
+
+    /// The encoding of [`InFlight::encode`], appended to `out`.
+    pub fn encode_into(&self, out: &mut impl BufMut) {
         out.put_u8(if self.claimed_at_ms.is_some() {
             FORMAT_V2
         } else {
@@ -138,22 +144,31 @@ impl InFlight {
         if let Some(at) = self.claimed_at_ms {
             out.put_u64(at);
         }
-        out.freeze()
     }
 }
 
 impl Completed {
     pub fn encode(&self) -> Bytes {
-        let body: &[u8] = match &self.body {
-            StoredBody::Stored(b) => b,
-            StoredBody::TooLarge => &[],
+        let body_len = match &self.body {
+            StoredBody::Stored(b) => b.len(),
+            StoredBody::TooLarge => 0,
         };
         let headers_len: usize = self
             .headers
             .iter()
             .map(|(n, v)| 6 + n.as_str().len() + v.len())
             .sum();
-        let mut out = BytesMut::with_capacity(59 + headers_len + body.len());
+        let mut out = BytesMut::with_capacity(59 + headers_len + body_len);
+        self.encode_into(&mut out);
+        out.freeze()
+    }
+
+    /// The encoding of [`Completed::encode`], appended to `out`.
+    pub fn encode_into(&self, out: &mut impl BufMut) {
+        let body: &[u8] = match &self.body {
+            StoredBody::Stored(b) => b,
+            StoredBody::TooLarge => &[],
+        };
         out.put_u8(if self.times.is_some() {
             FORMAT_V2
         } else {
@@ -178,7 +193,6 @@ impl Completed {
         }
         out.put_u32(u32::try_from(body.len()).unwrap_or(u32::MAX));
         out.put_slice(body);
-        out.freeze()
     }
 }
 
@@ -216,6 +230,15 @@ impl Record {
         match self {
             Record::InFlight(m) => m.encode(),
             Record::Completed(c) => c.encode(),
+        }
+    }
+
+    /// The encoding of [`Record::encode`], appended to `out` (the file store's journal
+    /// entries, without a copy of their own first).
+    pub fn encode_into(&self, out: &mut impl BufMut) {
+        match self {
+            Record::InFlight(m) => m.encode_into(out),
+            Record::Completed(c) => c.encode_into(out),
         }
     }
 

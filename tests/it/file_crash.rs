@@ -130,16 +130,25 @@ async fn without_fsync_a_claim_whose_write_failed_is_refused_and_its_retry_execu
     a_failed_claim_is_refused_and_its_retry_executes(false).await;
 }
 
+/// idemgate on a file store in `dir` whose flushes fail at the hits `fail_at` lists
+/// (`IDEMGATE_FAIL_AT`); the config goes with it.
+async fn failing_at(
+    up: &Upstream,
+    dir: &Path,
+    fsync: bool,
+    fail_at: &str,
+) -> (Running, TempConfig) {
+    let file = TempConfig::new(&yaml(up, &dir.join("keys"), fsync));
+    let path = file.path().to_string_lossy().into_owned();
+    let proxy =
+        Running::start_with_env(&["--config", &path], &[("IDEMGATE_FAIL_AT", fail_at)]).await;
+    (proxy, file)
+}
+
 async fn a_failed_claim_is_refused_and_its_retry_executes(fsync: bool) {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), fsync));
-    let path = file.path().to_string_lossy().into_owned();
-    let proxy = Running::start_with_env(
-        &["--config", &path],
-        &[("IDEMGATE_FAIL_AT", "during-flush@1")],
-    )
-    .await;
+    let (proxy, _file) = failing_at(&up, dir.path(), fsync, "during-flush@1").await;
     let c = TestClient::new(proxy.addr);
     let refused = c.post("/charges", "k", "{}").await;
     assert_eq!(refused.status, 503, "{}", refused.text());
@@ -161,13 +170,7 @@ async fn a_failed_claim_is_refused_and_its_retry_executes(fsync: bool) {
 async fn a_failed_write_keeps_what_was_written_before_it() {
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), true));
-    let path = file.path().to_string_lossy().into_owned();
-    let proxy = Running::start_with_env(
-        &["--config", &path],
-        &[("IDEMGATE_FAIL_AT", "during-flush@3")],
-    )
-    .await;
+    let (proxy, _file) = failing_at(&up, dir.path(), true, "during-flush@3").await;
     let c = TestClient::new(proxy.addr);
     let first = c.post("/charges", "first", "{}").await;
     assert_eq!(first.status, 201, "{}", first.text());

@@ -124,25 +124,29 @@ async fn a_corrupt_store_exits_1_and_is_left_as_it_is() {
     assert_eq!(db_bytes(&dir), garbage, "never silently emptied");
 }
 
+/// A store that idemgate opened and wrote one key to (answered 201), then stopped:
+/// its directory, and the config that opens it.
+async fn a_store_with_one_key(tmp: &tempfile::TempDir) -> (PathBuf, TempConfig) {
+    let up = Upstream::start().await;
+    let dir = store_dir(tmp);
+    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
+    let path = file.path().to_string_lossy().into_owned();
+    let mut running = Running::start(&["--config", &path]).await;
+    let answer = TestClient::new(running.addr)
+        .post("/charges", "k", "{}")
+        .await;
+    assert_eq!(answer.status, 201);
+    running.terminate().await;
+    running.wait_exit().await;
+    (dir, file)
+}
+
 /// A store whose frames were overwritten after it was written: the journal's checksums
 /// catch it, and nothing is repaired (or cut) away.
 #[tokio::test]
 async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
-    let up = Upstream::start().await;
     let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = store_dir(&tmp);
-    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
-    let path = file.path().to_string_lossy().into_owned();
-    let mut running = Running::start(&["--config", &path]).await;
-    assert_eq!(
-        TestClient::new(running.addr)
-            .post("/charges", "k", "{}")
-            .await
-            .status,
-        201
-    );
-    running.terminate().await;
-    running.wait_exit().await;
+    let (dir, file) = a_store_with_one_key(&tmp).await;
     // Keep the journal's header, damage everything after it.
     let mut bytes = db_bytes(&dir);
     for b in &mut bytes[idemgate::store::file::HEADER_LEN..] {
@@ -156,19 +160,8 @@ async fn a_store_with_damaged_pages_exits_1_and_is_left_as_it_is() {
 
 #[tokio::test]
 async fn a_store_of_another_format_exits_1_and_is_left_as_it_is() {
-    let up = Upstream::start().await;
     let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = store_dir(&tmp);
-    let file = TempConfig::new(&yaml(&up.url(), &dir, ""));
-    let path = file.path().to_string_lossy().into_owned();
-    let mut running = Running::start(&["--config", &path]).await;
-    // A request answered: the store was open and written.
-    let answer = TestClient::new(running.addr)
-        .post("/charges", "k", "{}")
-        .await;
-    assert_eq!(answer.status, 201);
-    running.terminate().await;
-    running.wait_exit().await;
+    let (dir, file) = a_store_with_one_key(&tmp).await;
     // A store as a later idemgate might write it: another format number in the header.
     let mut bytes = db_bytes(&dir);
     let at = idemgate::store::file::FORMAT_AT;

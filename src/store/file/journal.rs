@@ -48,7 +48,7 @@ use dir::OpenError;
 use entry::Entries;
 pub(super) use entry::Entry;
 // Unused until the writer encodes its batches with it, as `dead_code` at `mod journal`.
-pub(super) use entry::encode;
+pub(super) use entry::{encode, encode_put};
 
 /// Calls `f` for every entry of `buf` (concatenated encodings, as queued) that decodes.
 pub(super) fn entries(buf: &[u8], mut f: impl FnMut(Entry<'_>)) {

@@ -283,17 +283,8 @@ pub struct Journaled(pub(super) Arc<Queue>);
 
 impl Durability for Journaled {
     fn put(&self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64 {
-        let record = record.encode();
-        self.0.push(|buf| {
-            journal::encode(
-                &Entry::Put {
-                    key: *key,
-                    expires_ms,
-                    record: &record,
-                },
-                buf,
-            );
-        })
+        self.0
+            .push(|buf| journal::encode_put(key, expires_ms, record, buf))
     }
 
     fn remove(&self, key: &ScopedKey) -> u64 {

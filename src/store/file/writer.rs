@@ -245,14 +245,7 @@ impl<C: Clock> Writer<C> {
             .spawn(move || {
                 let mut live = Vec::new();
                 core.for_each_live(now, |key, record, expires_ms| {
-                    journal::encode(
-                        &Entry::Put {
-                            key: *key,
-                            expires_ms,
-                            record: &record.encode(),
-                        },
-                        &mut live,
-                    );
+                    journal::encode_put(key, expires_ms, record, &mut live);
                 });
                 journal::stage(&dir, &live)
             });

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::idempotency::ScopedKey;
+use crate::idempotency::{Record, ScopedKey};
 
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
@@ -45,6 +45,26 @@ pub(in crate::store::file) fn encode(entry: &Entry<'_>, buf: &mut Vec<u8>) {
             buf.extend_from_slice(key.as_bytes());
         }
     }
+}
+
+/// Appends a put of `record` under `key`, the record encoded straight into `buf`: the
+/// same bytes as [`encode`] of its [`Record::encode`], without that copy first (this
+/// runs under the key's shard lock, for every change).
+pub(in crate::store::file) fn encode_put(
+    key: &ScopedKey,
+    expires_ms: u64,
+    record: &Record,
+    buf: &mut Vec<u8>,
+) {
+    buf.push(PUT);
+    buf.extend_from_slice(key.as_bytes());
+    buf.extend_from_slice(&expires_ms.to_be_bytes());
+    let len_at = buf.len();
+    buf.extend_from_slice(&[0; 4]);
+    record.encode_into(buf);
+    let record_len = u32::try_from(buf.len() - len_at - 4)
+        .expect("a record is far below 4 GiB: a body is kept only up to max_response_body");
+    buf[len_at..len_at + 4].copy_from_slice(&record_len.to_be_bytes());
 }
 
 /// The entries of a payload in order, each with its byte range in the payload; an entry
