@@ -63,9 +63,9 @@ pub(super) fn build_errors(raw: RawErrors, key: &str) -> Result<ErrorsConfig, Co
     Ok(errors)
 }
 
-/// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is refused, as
-/// RFC 9113 deprecates it and a joined h2c connection carries every later request past
-/// the guard.
+/// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is dropped from the
+/// list in force (never one of the protocols: RFC 9113 deprecates it, and a joined h2c
+/// connection would carry every later request past the guard).
 pub(super) fn build_upgrades(raw: Vec<String>, key: &str) -> Result<Vec<String>, ConfigError> {
     let mut upgrades = Vec::with_capacity(raw.len());
     for (index, name) in raw.into_iter().enumerate() {

@@ -1,7 +1,7 @@
 //! `max_buffered_bytes` (docs/behaviour.md §15): the request and response bodies held in
-//! memory at once, across all requests. A guarded request body takes its share before it
-//! is read and is refused (`503 overloaded`) when the share is not there, before anything
-//! is claimed; a response body being recorded always takes its share (the request was
+//! memory at once, across all requests. A guarded request body takes its share as its
+//! bytes arrive (not from the declared `Content-Length`) and is refused (`503
+//! overloaded`) when the share is not there, before anything is claimed; a response body being recorded always takes its share (the request was
 //! forwarded, refusing it now would help nobody), so that new requests wait for it.
 
 use std::sync::Arc;

@@ -5,8 +5,9 @@
 //! - A connection that sends no complete request head within `listen_header_timeout`
 //!   is closed: HTTP/1 and HTTP/2 alike, and before the protocol is known, which
 //!   hyper's own header timeout does not cover.
-//! - A connection with no request open for `listen_idle_timeout` is shut down
-//!   gracefully (`GOAWAY` on HTTP/2, a close between requests on HTTP/1): an HTTP/2
+//! - A connection with no request open (a response still being sent counts as open)
+//!   for `listen_idle_timeout` is shut down gracefully (`GOAWAY` on HTTP/2, a close
+//!   between requests on HTTP/1): an HTTP/2
 //!   session idle after one request would otherwise hold its place in
 //!   `max_connections` for ever, and a few of them fill the proxy.
 //! - Shutdown asks every connection to finish gracefully in the same way.
@@ -28,6 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::body::ProxyBody;
 use super::handler;
 use super::state::AppState;
 use crate::store::Store;
@@ -85,6 +87,33 @@ impl Activity {
 /// An open request of a connection; dropped when its handler has answered.
 #[derive(Debug)]
 pub(crate) struct Open(Activity);
+
+/// A response body that keeps its request open for the connection's idle count until
+/// hyper has sent it (and drops it).
+struct Sending {
+    body: ProxyBody,
+    _open: Open,
+}
+
+impl hyper::body::Body for Sending {
+    type Data = bytes::Bytes;
+    type Error = crate::error::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
@@ -239,8 +268,11 @@ pub async fn serve<S: Store>(
             let state = Arc::clone(&state);
             async move {
                 let response = handler::handle(state, req, peer).await;
-                drop(open);
-                Ok::<_, std::convert::Infallible>(response)
+                // Open until its body is sent: a response still streaming (a download,
+                // server-sent events) is not an idle connection (docs/behaviour.md §21).
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|body| Sending { body, _open: open }),
+                )
             }
         });
         let conn = builder

@@ -439,3 +439,60 @@ async fn the_body_budget_counts_bytes_held_and_a_stalled_body_gives_them_back() 
         );
     }
 }
+
+/// An upstream on a socket of its own that answers one request with a chunked body of
+/// `chunks` one-byte chunks, one every `every`: a download that outlasts an idle period.
+async fn slow_stream(chunks: usize, every: Duration) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.expect("accept");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            socket.read_exact(&mut byte).await.expect("request head");
+            head.push(byte[0]);
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await
+            .expect("response head");
+        for _ in 0..chunks {
+            // The pace of the download is what is under test, not a wait for an event.
+            tokio::time::sleep(every).await;
+            socket.write_all(b"1\r\nx\r\n").await.expect("chunk");
+        }
+        socket.write_all(b"0\r\n\r\n").await.expect("last chunk");
+    });
+    (url, task)
+}
+
+/// A connection whose response is still being sent is not idle: a pass-through
+/// download that lasts 2.5 listen_idle_timeouts arrives whole.
+#[tokio::test]
+async fn a_response_still_streaming_keeps_its_connection_open() {
+    let (url, upstream) = slow_stream(25, Duration::from_millis(100)).await;
+    let yaml = format!("listen_idle_timeout: 1s\n{GUARDED}").replace("{upstream}", &url);
+    let config = idemgate::config::Config::from_yaml_str(&yaml, &|_| None).expect("config");
+    let proxy = Proxy::with_config(config).await;
+    let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    stream
+        .write_all(b"GET /downloads HTTP/1.1\r\nhost: api.test\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the download ends")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert_eq!(statuses(&answer), [200], "{answer}");
+    assert!(
+        answer.ends_with("1\r\nx\r\n0\r\n\r\n"),
+        "cut short: {answer}"
+    );
+    assert_eq!(answer.matches("1\r\nx\r\n").count(), 25, "{answer}");
+    upstream.await.expect("upstream");
+}
