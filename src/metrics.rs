@@ -186,6 +186,8 @@ pub struct Metrics {
     replication_shortfall: Counter,
     /// Keys removed through the admin API (docs/behaviour.md §13).
     admin_purges: Counter,
+    /// Sealed records that did not open (docs/behaviour.md §17).
+    undecryptable: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -290,8 +292,15 @@ impl Metrics {
             "Records and markers removed through the admin API (DELETE /keys/{id})",
             admin_purges.clone(),
         );
+        let undecryptable = Counter::default();
+        registry.register(
+            "idemgate_store_undecryptable",
+            "Sealed records that did not decrypt (their key is no longer listed in store.encryption, or they were altered): answered 503, never replayed",
+            undecryptable.clone(),
+        );
         Self {
             registry,
+            undecryptable,
             requests,
             replication_shortfall,
             reloads,
@@ -441,6 +450,11 @@ impl Metrics {
 
     pub fn records_lost(&self) -> u64 {
         self.records_lost.get()
+    }
+
+    pub fn undecryptable(&self) {
+        self.undecryptable.inc();
+        self.wake();
     }
 
     pub fn orphan_released(&self) {

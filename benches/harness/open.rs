@@ -82,13 +82,12 @@ async fn fill(store: &FileStore, filler: u64, records: u64) -> Result<(), BoxErr
         let Claim::Acquired(lease) = store.claim(req).await? else {
             return Err(format!("record {n} existed before it was written").into());
         };
-        let record = Arc::new(Completed {
-            fingerprint: Fingerprint::from_bytes([1; 32]),
-            status: StatusCode::CREATED,
-            headers: Vec::new(),
-            body: StoredBody::Stored(Bytes::from(vec![b'x'; 200])),
-            times: None,
-        });
+        let record = Arc::new(Completed::clear(
+            Fingerprint::from_bytes([1; 32]),
+            StatusCode::CREATED,
+            Vec::new(),
+            StoredBody::Stored(Bytes::from(vec![b'x'; 200])),
+        ));
         if store.complete(&lease, record, req.ttl).await? != Fenced::Done {
             return Err(format!("record {n} lost its lease while it was written").into());
         }

@@ -18,7 +18,7 @@ use subtle::ConstantTimeEq;
 use crate::config::{AdminToken, ErrorsConfig};
 use crate::error::AdminError;
 use crate::idempotency::key::hex;
-use crate::idempotency::{Record, ScopedKey, StoredBody};
+use crate::idempotency::{Kept, Record, ScopedKey, StoredBody};
 use crate::proxy::AppState;
 use crate::store::{Inspection, Purged, Store};
 
@@ -201,18 +201,29 @@ fn describe(id: &str, found: &Inspection) -> serde_json::Value {
             "completed_at": null,
             "expires_at": expires_at,
             "lease_expires_at": time(m.lease_deadline_ms),
+            "encryption_key_id": null,
         }),
         Record::Completed(c) => {
-            let body_bytes = match &c.body {
-                StoredBody::Stored(body) => Some(body.len()),
-                StoredBody::TooLarge => None,
+            // A sealed record is described without opening it (docs/behaviour.md §17):
+            // its status and body size are inside the seal.
+            let (status, body_bytes, key_id) = match &c.kept {
+                Kept::Clear(response) => (
+                    Some(response.status.as_u16()),
+                    match &response.body {
+                        StoredBody::Stored(body) => Some(body.len()),
+                        StoredBody::TooLarge => None,
+                    },
+                    None,
+                ),
+                Kept::Sealed(sealed) => (None, None, Some(&*sealed.key_id)),
             };
             serde_json::json!({
                 "id": id,
                 "state": state_name(&found.record),
-                "status": c.status.as_u16(),
-                "replayable": body_bytes.is_some(),
+                "status": status,
+                "replayable": c.replayable(),
                 "body_bytes": body_bytes,
+                "encryption_key_id": key_id,
                 "fingerprint": hex(c.fingerprint.as_bytes()),
                 "created_at": c.times.map(|t| time(t.claimed_ms)),
                 "completed_at": c.times.map(|t| time(t.completed_ms)),

@@ -17,6 +17,7 @@
 //! `render` goes the other way for `--check`.
 
 mod checks;
+mod encryption;
 mod interp;
 mod limits;
 mod policy;
@@ -40,6 +41,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use crate::idempotency::path::EscapedSlashes;
+pub use encryption::EncryptionKey;
 pub use policy::Policy;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
 pub use sentinel::SentinelConfig;
@@ -132,6 +134,12 @@ pub struct StoreConfig {
     /// Redis and Sentinel: replicas that must acknowledge a claim (`WAIT`) before it is
     /// forwarded, and a record before it is counted as replicated; 0 waits for none.
     pub min_replicas: u32,
+    /// `store.encryption.keys` (docs/behaviour.md §17): the first seals, all open; empty
+    /// keeps records in clear.
+    pub encryption: Vec<EncryptionKey>,
+    /// Memory and file stores: completed records one scope may hold; past it the
+    /// scope's own oldest is evicted (docs/behaviour.md §17). `None`: no quota.
+    pub max_entries_per_scope: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

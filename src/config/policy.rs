@@ -205,6 +205,11 @@ policy_keys! {
         /// Upstream response headers that are not stored, hence never replayed.
         replay_drop_headers: Vec<HeaderName> = vec![header::SET_COOKIE, header::DATE],
             from Vec<Header>, show headers;
+        /// Upstream response headers the first client gets but that are never stored,
+        /// hence never replayed (docs/behaviour.md §17), on top of `replay_drop_headers`
+        /// (which a list replaces): e.g. `[set-cookie]` kept out of the store whatever
+        /// `replay_drop_headers` says.
+        record_exclude_headers: Vec<HeaderName> = Vec::new(), from Vec<Header>, show headers;
         /// Headers added to a replay of a recorded status of 500 or more, which cannot
         /// change: SDKs that read them stop retrying it.
         replay_error_headers: Vec<(HeaderName, HeaderValue)> = vec![(

@@ -90,9 +90,13 @@ fn store(store: &StoreConfig) -> Mapping {
     put(&mut map, "timeout", duration(&store.timeout));
     put(&mut map, "on_unavailable", store.on_unavailable.name());
     match store.kind {
-        StoreKind::Memory => put(&mut map, "max_entries", store.max_entries as u64),
+        StoreKind::Memory => {
+            put(&mut map, "max_entries", store.max_entries as u64);
+            per_scope(&mut map, store);
+        }
         StoreKind::File => {
             put(&mut map, "max_entries", store.max_entries as u64);
+            per_scope(&mut map, store);
             put(&mut map, "path", store.path.to_string_lossy().as_ref());
             put(&mut map, "fsync", store.fsync);
         }
@@ -105,7 +109,21 @@ fn store(store: &StoreConfig) -> Mapping {
             put(&mut map, "min_replicas", u64::from(store.min_replicas));
         }
     }
+    if !store.encryption.is_empty() {
+        put(
+            &mut map,
+            "encryption",
+            super::encryption::render(&store.encryption),
+        );
+    }
     map
+}
+
+/// `store.max_entries_per_scope`, when a quota is set (left out, there is none).
+fn per_scope(map: &mut Mapping, store: &StoreConfig) {
+    if let Some(n) = store.max_entries_per_scope {
+        put(map, "max_entries_per_scope", n as u64);
+    }
 }
 
 /// The comment that opens the output when it holds `***` in place of a secret: such
@@ -135,6 +153,7 @@ fn masked_notice(config: &Config) -> String {
             keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
         }
     }
+    keys.extend(super::encryption::masked(&store.encryption));
     if keys.is_empty() {
         return String::new();
     }

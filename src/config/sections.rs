@@ -221,6 +221,8 @@ pub(super) struct RawStore {
     pub(super) fsync: Option<Flag>,
     pub(super) sentinel: Option<RawSentinel>,
     pub(super) min_replicas: Option<Count>,
+    pub(super) encryption: Option<super::encryption::RawEncryption>,
+    pub(super) max_entries_per_scope: Option<Count>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -106,6 +106,11 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
             "must not be empty; give a directory such as /var/lib/idemgate",
         ));
     }
+    let encryption = super::encryption::build(raw.encryption)?;
+    let max_entries_per_scope = raw
+        .max_entries_per_scope
+        .map(|count| at_least_one(count, "store.max_entries_per_scope"))
+        .transpose()?;
     let store = StoreConfig {
         kind,
         urls: urls.into_iter().map(|(_, url)| url).collect(),
@@ -118,6 +123,8 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         fsync: raw.fsync.is_none_or(|f| f.0),
         sentinel,
         min_replicas,
+        encryption,
+        max_entries_per_scope,
     };
     Ok(only_keys_in_force(store))
 }
@@ -143,6 +150,7 @@ fn only_keys_in_force(store: StoreConfig) -> StoreConfig {
         StoreKind::File => redis,
         StoreKind::Redis => StoreConfig {
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_entries_per_scope: None,
             path: DEFAULT_FILE_PATH.into(),
             fsync: true,
             ..store

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Completed, Fingerprint, OwnerToken, Record, StoredBody};
+use super::{Completed, Fingerprint, OwnerToken, Record};
 use crate::config::{OnConcurrent, OnUnknownOutcome};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,10 +58,8 @@ pub fn decide(
         Record::Completed(c) if c.fingerprint != *fingerprint => {
             Decision::Reject(Rejection::KeyReused)
         }
-        Record::Completed(c) => match c.body {
-            StoredBody::Stored(_) => Decision::Replay(Arc::clone(c)),
-            StoredBody::TooLarge => Decision::Reject(Rejection::NotReplayable),
-        },
+        Record::Completed(c) if c.replayable() => Decision::Replay(Arc::clone(c)),
+        Record::Completed(_) => Decision::Reject(Rejection::NotReplayable),
         Record::InFlight(m) if m.fingerprint != *fingerprint => {
             Decision::Reject(Rejection::KeyReused)
         }
@@ -91,6 +89,7 @@ const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 mod tests {
     use super::*;
     use crate::idempotency::InFlight;
+    use crate::idempotency::StoredBody;
     use bytes::Bytes;
     use http::StatusCode;
 
@@ -98,13 +97,7 @@ mod tests {
     const OTHER: Fingerprint = Fingerprint::from_bytes([2; 32]);
 
     fn completed(body: StoredBody) -> Record {
-        Record::Completed(Arc::new(Completed {
-            fingerprint: FP,
-            status: StatusCode::OK,
-            headers: vec![],
-            body,
-            times: None,
-        }))
+        Record::Completed(Arc::new(Completed::clear(FP, StatusCode::OK, vec![], body)))
     }
 
     fn marker(deadline: u64) -> Record {
@@ -133,7 +126,7 @@ mod tests {
     fn completed_same_fingerprint_replays() {
         let rec = completed(StoredBody::Stored(Bytes::from_static(b"x")));
         assert!(
-            matches!(d(&rec, &FP, 0, R, Rec), Decision::Replay(c) if c.body == StoredBody::Stored(Bytes::from_static(b"x")))
+            matches!(d(&rec, &FP, 0, R, Rec), Decision::Replay(c) if c.clear_response().map(|r| &r.body) == Some(&StoredBody::Stored(Bytes::from_static(b"x"))))
         );
     }
 

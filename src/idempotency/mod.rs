@@ -15,5 +15,7 @@ pub mod source;
 pub use decide::{AfterTakeOver, Decision, Rejection, decide};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, Scope, ScopedKey};
-pub use record::{Completed, InFlight, OwnerToken, Record, StoredBody, Times};
+pub use record::{
+    Completed, InFlight, Kept, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Times,
+};
 pub use source::{Found, KeySource, Offered};

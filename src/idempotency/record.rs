@@ -4,13 +4,17 @@
 //! side with this one. Layout (all integers big-endian):
 //!
 //! ```text
-//! [0] format: 1 or 2   [1] kind: 1 = in-flight, 2 = completed   [2..34] fingerprint
+//! [0] format: 1 or 2   [1] kind: 1 = in-flight, 2 = completed, 3 = sealed
+//! [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
 //!             format 2 only: [58..66] claimed at, unix ms
 //! completed:  [34..36] status   [36] body: 0 = stored, 1 = too large to keep
 //!             format 2 only: [37..45] claimed at, [45..53] completed at, unix ms
 //!             then u16 header count, then per header: u16 name len, name, u32 value
 //!             len, value; then u32 body len, body (raw bytes)
+//! sealed:     [34] body: 0 = stored, 1 = too large   format 2: [35..51] the two times
+//!             then u8 key id len, key id, 12-byte nonce, u32 len, ciphertext: the
+//!             status (u16) and the headers and body laid out as above, under AEAD
 //! ```
 //!
 //! Format 2 adds the times the admin API reports (docs/behaviour.md §13); records of
@@ -33,6 +37,8 @@ pub const FORMAT_V1: u8 = 1;
 pub const FORMAT_V2: u8 = 2;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
+/// A completed record whose response is encrypted (docs/behaviour.md §17).
+pub const KIND_SEALED: u8 = 3;
 /// Length of an encoded in-flight marker of format 1; format 2 adds 8 bytes.
 pub const IN_FLIGHT_LEN: usize = 58;
 /// Byte range of the owner token inside an encoded in-flight marker.
@@ -95,13 +101,46 @@ pub enum StoredBody {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completed {
     pub fingerprint: Fingerprint,
-    pub status: StatusCode,
-    pub headers: Vec<(HeaderName, HeaderValue)>,
-    pub body: StoredBody,
+    /// What the upstream (or the proxy) answered: in clear, or sealed with a key of
+    /// `store.encryption` (docs/behaviour.md §17).
+    pub kept: Kept,
     /// `None` in a format 1 record; set by the proxy before the first attempt to record
     /// it, so that a repeated attempt writes the same bytes.
     pub times: Option<Times>,
 }
+
+/// How a completed record holds its response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    Clear(StoredResponse),
+    /// Encrypted: only the keyring of `store.encryption` reads it back.
+    Sealed(Sealed),
+}
+
+/// The status, headers and body that a replay sends again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: StatusCode,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: StoredBody,
+}
+
+/// A [`StoredResponse`] under AEAD (docs/behaviour.md §17). Whether its body was kept
+/// stays readable, so that a retry of a too-large response is refused without a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sealed {
+    /// The `id` of the `store.encryption` key it was sealed with.
+    pub key_id: Arc<str>,
+    pub too_large: bool,
+    pub nonce: [u8; NONCE_LEN],
+    /// The response's encoding ([`StoredResponse::encode_into`]) and the AEAD tag.
+    pub ciphertext: Bytes,
+}
+
+/// An AEAD nonce: 96 bits, fresh and random per record.
+pub const NONCE_LEN: usize = 12;
+/// A key id is short ASCII in practice; this is the most the encoding holds.
+pub const MAX_KEY_ID_LEN: usize = 255;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -148,40 +187,163 @@ impl InFlight {
 }
 
 impl Completed {
+    /// A record of `response` in clear, without its times yet.
+    pub fn clear(
+        fingerprint: Fingerprint,
+        status: StatusCode,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: StoredBody,
+    ) -> Self {
+        Self {
+            fingerprint,
+            kept: Kept::Clear(StoredResponse {
+                status,
+                headers,
+                body,
+            }),
+            times: None,
+        }
+    }
+
+    /// The response, when it is kept in clear.
+    pub fn clear_response(&self) -> Option<&StoredResponse> {
+        match &self.kept {
+            Kept::Clear(response) => Some(response),
+            Kept::Sealed(_) => None,
+        }
+    }
+
+    /// Whether a retry can be sent the response (its body was kept).
+    pub fn replayable(&self) -> bool {
+        match &self.kept {
+            Kept::Clear(response) => !matches!(response.body, StoredBody::TooLarge),
+            Kept::Sealed(sealed) => !sealed.too_large,
+        }
+    }
+
+    /// Bytes of response held: what the memory stores count a record as.
+    pub fn payload_len(&self) -> usize {
+        match &self.kept {
+            Kept::Clear(response) => response.payload_len(),
+            Kept::Sealed(sealed) => sealed.key_id.len() + NONCE_LEN + sealed.ciphertext.len(),
+        }
+    }
+
     pub fn encode(&self) -> Bytes {
-        let body_len = match &self.body {
-            StoredBody::Stored(b) => b.len(),
-            StoredBody::TooLarge => 0,
+        // Format, kind, fingerprint, body flag and times, then the response's own.
+        let head = 2 + 32 + 1 + 16;
+        let len = match &self.kept {
+            Kept::Clear(response) => head + response.encoded_len(),
+            Kept::Sealed(sealed) => {
+                head + 1 + sealed.key_id.len() + NONCE_LEN + 4 + sealed.ciphertext.len()
+            }
         };
-        let headers_len: usize = self
-            .headers
-            .iter()
-            .map(|(n, v)| 6 + n.as_str().len() + v.len())
-            .sum();
-        let mut out = BytesMut::with_capacity(59 + headers_len + body_len);
+        let mut out = BytesMut::with_capacity(len);
         self.encode_into(&mut out);
         out.freeze()
     }
 
     /// The encoding of [`Completed::encode`], appended to `out`.
     pub fn encode_into(&self, out: &mut impl BufMut) {
-        let body: &[u8] = match &self.body {
-            StoredBody::Stored(b) => b,
-            StoredBody::TooLarge => &[],
-        };
         out.put_u8(if self.times.is_some() {
             FORMAT_V2
         } else {
             FORMAT_V1
         });
-        out.put_u8(KIND_COMPLETED);
-        out.put_slice(self.fingerprint.as_bytes());
-        out.put_u16(self.status.as_u16());
-        out.put_u8(u8::from(matches!(self.body, StoredBody::TooLarge)));
+        match &self.kept {
+            Kept::Clear(response) => {
+                out.put_u8(KIND_COMPLETED);
+                out.put_slice(self.fingerprint.as_bytes());
+                out.put_u16(response.status.as_u16());
+                out.put_u8(u8::from(matches!(response.body, StoredBody::TooLarge)));
+                self.encode_times(out);
+                response.encode_parts(out);
+            }
+            Kept::Sealed(sealed) => {
+                out.put_u8(KIND_SEALED);
+                out.put_slice(self.fingerprint.as_bytes());
+                out.put_u8(u8::from(sealed.too_large));
+                self.encode_times(out);
+                // Config checks keep ids far shorter; saturating keeps a bad one
+                // detectable on decode rather than misframed.
+                let id = sealed.key_id.as_bytes();
+                let id = &id[..id.len().min(MAX_KEY_ID_LEN)];
+                out.put_u8(u8::try_from(id.len()).unwrap_or(u8::MAX));
+                out.put_slice(id);
+                out.put_slice(&sealed.nonce);
+                out.put_u32(u32::try_from(sealed.ciphertext.len()).unwrap_or(u32::MAX));
+                out.put_slice(&sealed.ciphertext);
+            }
+        }
+    }
+
+    fn encode_times(&self, out: &mut impl BufMut) {
         if let Some(times) = self.times {
             out.put_u64(times.claimed_ms);
             out.put_u64(times.completed_ms);
         }
+    }
+
+    /// The same record in allocations of its own. hyper hands out bodies and header
+    /// values as slices of its (8 KiB and larger) read buffers; a record kept in memory
+    /// for hours must not keep a whole buffer alive for a 1 KiB body.
+    pub fn compacted(&self) -> Completed {
+        let kept = match &self.kept {
+            Kept::Clear(response) => Kept::Clear(response.compacted()),
+            // Sealing made the ciphertext: it is an allocation of its own already.
+            Kept::Sealed(sealed) => Kept::Sealed(sealed.clone()),
+        };
+        Completed {
+            fingerprint: self.fingerprint,
+            kept,
+            times: self.times,
+        }
+    }
+}
+
+impl StoredResponse {
+    /// Header names, values and body bytes.
+    pub fn payload_len(&self) -> usize {
+        let body = match &self.body {
+            StoredBody::Stored(b) => b.len(),
+            StoredBody::TooLarge => 0,
+        };
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len())
+            .sum();
+        body + headers
+    }
+
+    /// The length of [`StoredResponse::encode_into`]'s output.
+    pub fn encoded_len(&self) -> usize {
+        2 + 2 + 6 * self.headers.len() + 4 + self.payload_len()
+    }
+
+    /// What a sealed record encrypts: the status, then the headers and body as a clear
+    /// record lays them out.
+    pub fn encode_into(&self, out: &mut impl BufMut) {
+        out.put_u16(self.status.as_u16());
+        self.encode_parts(out);
+    }
+
+    /// Reads back [`StoredResponse::encode_into`]; `too_large` comes from the record.
+    pub fn decode(mut buf: Bytes, too_large: bool) -> Result<Self, DecodeError> {
+        need(&buf, 2)?;
+        let status = status(buf.get_u16())?;
+        let response = Self::decode_parts(&mut buf, status, too_large)?;
+        if buf.has_remaining() {
+            return Err(DecodeError::Trailing);
+        }
+        Ok(response)
+    }
+
+    fn encode_parts(&self, out: &mut impl BufMut) {
+        let body: &[u8] = match &self.body {
+            StoredBody::Stored(b) => b,
+            StoredBody::TooLarge => &[],
+        };
         // Counts and lengths are bounded by hyper's header limits and max_response_body,
         // far below these widths; saturating keeps a corrupt length detectable on decode.
         out.put_u16(u16::try_from(self.headers.len()).unwrap_or(u16::MAX));
@@ -194,13 +356,44 @@ impl Completed {
         out.put_u32(u32::try_from(body.len()).unwrap_or(u32::MAX));
         out.put_slice(body);
     }
-}
 
-impl Completed {
-    /// The same record in allocations of its own. hyper hands out bodies and header
-    /// values as slices of its (8 KiB and larger) read buffers; a record kept in memory
-    /// for hours must not keep a whole buffer alive for a 1 KiB body.
-    pub fn compacted(&self) -> Completed {
+    fn decode_parts(
+        buf: &mut Bytes,
+        status: StatusCode,
+        too_large: bool,
+    ) -> Result<Self, DecodeError> {
+        need(buf, 2)?;
+        let count = buf.get_u16();
+        let mut headers = Vec::with_capacity(usize::from(count).min(256));
+        for _ in 0..count {
+            need(buf, 2)?;
+            let len = usize::from(buf.get_u16());
+            let name = take(buf, len)?;
+            let name =
+                HeaderName::from_bytes(&name).map_err(|_| DecodeError::Invalid("header name"))?;
+            need(buf, 4)?;
+            let len = buf.get_u32() as usize;
+            let value = take(buf, len)?;
+            let value = HeaderValue::from_maybe_shared(value)
+                .map_err(|_| DecodeError::Invalid("header value"))?;
+            headers.push((name, value));
+        }
+        need(buf, 4)?;
+        let len = buf.get_u32() as usize;
+        let body = take(buf, len)?;
+        let body = if too_large {
+            StoredBody::TooLarge
+        } else {
+            StoredBody::Stored(body)
+        };
+        Ok(Self {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    fn compacted(&self) -> StoredResponse {
         let headers = self
             .headers
             .iter()
@@ -215,12 +408,10 @@ impl Completed {
             StoredBody::Stored(b) => StoredBody::Stored(Bytes::copy_from_slice(b)),
             StoredBody::TooLarge => StoredBody::TooLarge,
         };
-        Completed {
-            fingerprint: self.fingerprint,
+        StoredResponse {
             status: self.status,
             headers,
             body,
-            times: self.times,
         }
     }
 }
@@ -269,51 +460,39 @@ impl Record {
             }
             KIND_COMPLETED => {
                 need(&buf, 3)?;
-                let status = StatusCode::from_u16(buf.get_u16())
-                    .map_err(|_| DecodeError::Invalid("status"))?;
-                let too_large = match buf.get_u8() {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(DecodeError::Invalid("body flag")),
-                };
-                let times = if timed {
-                    need(&buf, 16)?;
-                    Some(Times {
-                        claimed_ms: buf.get_u64(),
-                        completed_ms: buf.get_u64(),
-                    })
-                } else {
-                    None
-                };
-                need(&buf, 2)?;
-                let count = buf.get_u16();
-                let mut headers = Vec::with_capacity(usize::from(count).min(256));
-                for _ in 0..count {
-                    need(&buf, 2)?;
-                    let len = usize::from(buf.get_u16());
-                    let name = take(&mut buf, len)?;
-                    let name = HeaderName::from_bytes(&name)
-                        .map_err(|_| DecodeError::Invalid("header name"))?;
-                    need(&buf, 4)?;
-                    let len = buf.get_u32() as usize;
-                    let value = take(&mut buf, len)?;
-                    let value = HeaderValue::from_maybe_shared(value)
-                        .map_err(|_| DecodeError::Invalid("header value"))?;
-                    headers.push((name, value));
-                }
-                need(&buf, 4)?;
-                let len = buf.get_u32() as usize;
-                let body = take(&mut buf, len)?;
-                let body = if too_large {
-                    StoredBody::TooLarge
-                } else {
-                    StoredBody::Stored(body)
-                };
+                let status = status(buf.get_u16())?;
+                let too_large = flag(buf.get_u8())?;
+                let times = decode_times(&mut buf, timed)?;
+                let response = StoredResponse::decode_parts(&mut buf, status, too_large)?;
                 Record::Completed(Arc::new(Completed {
                     fingerprint,
-                    status,
-                    headers,
-                    body,
+                    kept: Kept::Clear(response),
+                    times,
+                }))
+            }
+            KIND_SEALED => {
+                need(&buf, 1)?;
+                let too_large = flag(buf.get_u8())?;
+                let times = decode_times(&mut buf, timed)?;
+                need(&buf, 1)?;
+                let len = usize::from(buf.get_u8());
+                let id = take(&mut buf, len)?;
+                let key_id = std::str::from_utf8(&id)
+                    .map_err(|_| DecodeError::Invalid("key id"))?
+                    .into();
+                need(&buf, NONCE_LEN + 4)?;
+                let mut nonce = [0u8; NONCE_LEN];
+                buf.copy_to_slice(&mut nonce);
+                let len = buf.get_u32() as usize;
+                let ciphertext = take(&mut buf, len)?;
+                Record::Completed(Arc::new(Completed {
+                    fingerprint,
+                    kept: Kept::Sealed(Sealed {
+                        key_id,
+                        too_large,
+                        nonce,
+                        ciphertext,
+                    }),
                     times,
                 }))
             }
@@ -324,6 +503,29 @@ impl Record {
         }
         Ok(record)
     }
+}
+
+fn status(code: u16) -> Result<StatusCode, DecodeError> {
+    StatusCode::from_u16(code).map_err(|_| DecodeError::Invalid("status"))
+}
+
+fn flag(byte: u8) -> Result<bool, DecodeError> {
+    match byte {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(DecodeError::Invalid("body flag")),
+    }
+}
+
+fn decode_times(buf: &mut Bytes, timed: bool) -> Result<Option<Times>, DecodeError> {
+    if !timed {
+        return Ok(None);
+    }
+    need(buf, 16)?;
+    Ok(Some(Times {
+        claimed_ms: buf.get_u64(),
+        completed_ms: buf.get_u64(),
+    }))
 }
 
 fn need(buf: &Bytes, n: usize) -> Result<(), DecodeError> {
@@ -345,10 +547,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn completed(body: StoredBody) -> Completed {
-        Completed {
-            fingerprint: Fingerprint::from_bytes([7; 32]),
-            status: StatusCode::CREATED,
-            headers: vec![
+        let mut rec = Completed::clear(
+            Fingerprint::from_bytes([7; 32]),
+            StatusCode::CREATED,
+            vec![
                 (
                     HeaderName::from_static("content-type"),
                     HeaderValue::from_static("application/json"),
@@ -363,11 +565,12 @@ mod tests {
                 ),
             ],
             body,
-            times: Some(Times {
-                claimed_ms: 1_700_000_000_000,
-                completed_ms: 1_700_000_000_250,
-            }),
-        }
+        );
+        rec.times = Some(Times {
+            claimed_ms: 1_700_000_000_000,
+            completed_ms: 1_700_000_000_250,
+        });
+        rec
     }
 
     #[test]
@@ -417,9 +620,10 @@ mod tests {
         let Ok(Record::Completed(old)) = Record::decode(v1.clone().into()) else {
             panic!("a format 1 record decodes")
         };
-        assert_eq!(old.status, StatusCode::CREATED);
+        let response = old.clear_response().expect("in clear");
+        assert_eq!(response.status, StatusCode::CREATED);
         assert_eq!(old.times, None);
-        assert_eq!(old.body, StoredBody::Stored(Bytes::from_static(b"ok")));
+        assert_eq!(response.body, StoredBody::Stored(Bytes::from_static(b"ok")));
         assert_eq!(
             old.encode(),
             Bytes::from(v1),
@@ -463,19 +667,19 @@ mod tests {
     #[test]
     fn a_compacted_record_is_equal_but_owns_its_bytes() {
         let buffer = Bytes::from(vec![b'x'; 8192]);
-        let rec = Completed {
-            fingerprint: Fingerprint::from_bytes([7; 32]),
-            status: StatusCode::OK,
-            headers: vec![(
+        let rec = Completed::clear(
+            Fingerprint::from_bytes([7; 32]),
+            StatusCode::OK,
+            vec![(
                 HeaderName::from_static("content-type"),
                 HeaderValue::from_maybe_shared(buffer.slice(0..4)).expect("visible"),
             )],
-            body: StoredBody::Stored(buffer.slice(100..1124)),
-            times: None,
-        };
+            StoredBody::Stored(buffer.slice(100..1124)),
+        );
         let compact = rec.compacted();
         assert_eq!(compact, rec);
-        let StoredBody::Stored(body) = &compact.body else {
+        let response = compact.clear_response().expect("in clear");
+        let StoredBody::Stored(body) = &response.body else {
             panic!("stored")
         };
         let within = |p: *const u8| buffer.as_ptr_range().contains(&p);
@@ -484,8 +688,67 @@ mod tests {
             "the body no longer points into the 8 KiB buffer"
         );
         assert!(
-            !within(compact.headers[0].1.as_bytes().as_ptr()),
+            !within(response.headers[0].1.as_bytes().as_ptr()),
             "nor does the header value"
+        );
+    }
+
+    fn sealed(too_large: bool, times: Option<Times>) -> Completed {
+        Completed {
+            fingerprint: Fingerprint::from_bytes([5; 32]),
+            kept: Kept::Sealed(Sealed {
+                key_id: "2026-12".into(),
+                too_large,
+                nonce: [4; NONCE_LEN],
+                ciphertext: Bytes::from_static(b"\x01\x02ciphertext and tag"),
+            }),
+            times,
+        }
+    }
+
+    /// A sealed record keeps its fingerprint, times and body flag readable, and its
+    /// response opaque, in either format.
+    #[test]
+    fn sealed_records_round_trip_with_their_key_id_and_nonce() {
+        let times = Some(Times {
+            claimed_ms: 1_700_000_000_000,
+            completed_ms: 1_700_000_000_250,
+        });
+        for rec in [
+            sealed(false, times),
+            sealed(true, times),
+            sealed(false, None),
+        ] {
+            let bytes = rec.encode();
+            assert_eq!(bytes[1], KIND_SEALED);
+            assert_eq!(
+                &bytes[2..34],
+                &[5; 32],
+                "the fingerprint is where a clear record has it"
+            );
+            assert_eq!(
+                rec.replayable(),
+                !matches!(&rec.kept, Kept::Sealed(s) if s.too_large)
+            );
+            assert_eq!(Record::decode(bytes), Ok(Record::Completed(Arc::new(rec))));
+        }
+        let good = sealed(false, times).encode();
+        assert_eq!(
+            Record::decode(good.slice(..good.len() - 1)),
+            Err(DecodeError::Truncated)
+        );
+    }
+
+    /// What a sealed record encrypts reads back as the response it was.
+    #[test]
+    fn a_response_encoding_round_trips_for_sealing() {
+        let rec = completed(StoredBody::Stored(Bytes::from_static(b"{}")));
+        let response = rec.clear_response().expect("in clear");
+        let mut out = BytesMut::new();
+        response.encode_into(&mut out);
+        assert_eq!(
+            StoredResponse::decode(out.freeze(), false).as_ref(),
+            Ok(response)
         );
     }
 
@@ -496,8 +759,9 @@ mod tests {
         }
 
         #[test]
-        fn decoding_mutated_records_never_panics(idx in 0usize..80, byte in any::<u8>()) {
-            let mut bytes = completed(StoredBody::Stored(Bytes::from_static(b"body"))).encode().to_vec();
+        fn decoding_mutated_records_never_panics(idx in 0usize..80, byte in any::<u8>(), seal in any::<bool>()) {
+            let rec = if seal { sealed(false, None) } else { completed(StoredBody::Stored(Bytes::from_static(b"body"))) };
+            let mut bytes = rec.encode().to_vec();
             let i = idx % bytes.len();
             bytes[i] = byte;
             let _ = Record::decode(bytes.into());
@@ -507,13 +771,13 @@ mod tests {
         fn any_completed_round_trips(status in 100u16..600, body in proptest::collection::vec(any::<u8>(), 0..100),
                                      values in proptest::collection::vec("[ -~]{0,20}", 0..5),
                                      times in proptest::option::of((any::<u64>(), any::<u64>()))) {
-            let rec = Completed {
-                fingerprint: Fingerprint::from_bytes([3; 32]),
-                status: StatusCode::from_u16(status).expect("status in range"),
-                headers: values.iter().map(|v| (HeaderName::from_static("x-v"), HeaderValue::from_str(v).expect("visible"))).collect(),
-                body: StoredBody::Stored(body.into()),
-                times: times.map(|(claimed_ms, completed_ms)| Times { claimed_ms, completed_ms }),
-            };
+            let mut rec = Completed::clear(
+                Fingerprint::from_bytes([3; 32]),
+                StatusCode::from_u16(status).expect("status in range"),
+                values.iter().map(|v| (HeaderName::from_static("x-v"), HeaderValue::from_str(v).expect("visible"))).collect(),
+                StoredBody::Stored(body.into()),
+            );
+            rec.times = times.map(|(claimed_ms, completed_ms)| Times { claimed_ms, completed_ms });
             prop_assert_eq!(Record::decode(rec.encode()), Ok(Record::Completed(Arc::new(rec))));
         }
     }

@@ -15,7 +15,7 @@ use crate::error::ProxyError;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
 };
-use crate::store::{Claim, ClaimRequest, Lease, Store, StoreError, Watch};
+use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
 
 /// How a claim ended, short of an error.
 #[derive(Debug)]
@@ -26,7 +26,7 @@ pub(crate) enum Claimed {
     /// happened upstream is unknown, and that is the key's outcome.
     Abandoned(Lease),
     /// A completed response, to send again.
-    Replay(Arc<Completed>),
+    Replay(Opened),
     /// The store did not answer the first claim, so nothing is known of the key:
     /// `on_unavailable` decides. Never after the key was seen held: see [`claim`].
     Unavailable(StoreError),
@@ -84,7 +84,7 @@ pub(crate) async fn claim<S: Store>(
             policy.on_unknown_outcome,
         );
         match decision {
-            Decision::Replay(completed) => return Ok(Claimed::Replay(completed)),
+            Decision::Replay(completed) => return opened(state, key, completed),
             Decision::Reject(rejection) => return Err(rejection.into()),
             Decision::Wait { lease_left } => waiter.wait(state, policy, key, lease_left).await?,
             Decision::TakeOver { stale, then } => {
@@ -94,6 +94,29 @@ pub(crate) async fn claim<S: Store>(
                     None => return Err(in_flight()),
                 }
             }
+        }
+    }
+}
+
+/// The response of a record to replay: opened when it is sealed
+/// (docs/behaviour.md §17). One that does not open is never replayed and never
+/// forwarded again: `503`.
+fn opened<S: Store>(
+    state: &AppState<S>,
+    key: ScopedKey,
+    completed: Arc<Completed>,
+) -> Result<Claimed, ProxyError> {
+    match Keyring::open(state.keyring.as_ref(), &key, completed) {
+        Ok(opened) => Ok(Claimed::Replay(opened)),
+        Err(err) => {
+            tracing::error!(
+                record = %format_args!("{}{}", state.config.store.key_prefix, key.to_hex()),
+                key_id = err.key_id(),
+                error = %err,
+                "a stored record does not decrypt; it is not replayed (DELETE /keys/{{id}} removes it)"
+            );
+            state.metrics.undecryptable();
+            Err(ProxyError::StoreUnavailable(StoreError::Undecryptable(err)))
         }
     }
 }
@@ -131,10 +154,13 @@ async fn take_over<S: Store>(
                 orphaned(state, policy, claim, |lease| match then {
                     AfterTakeOver::Forward => Job::Release(lease),
                     AfterTakeOver::RecordUnknown => Job::Record {
-                        record: Arc::new(stamped(
-                            abandoned_record(&state.config.errors, claim.fingerprint),
-                            &lease,
-                            lease.claimed_at_ms,
+                        record: Arc::new(state.seal(
+                            &lease.key,
+                            stamped(
+                                abandoned_record(&state.config.errors, claim.fingerprint),
+                                &lease,
+                                lease.claimed_at_ms,
+                            ),
                         )),
                         lease,
                         ttl: claim.ttl,

@@ -22,14 +22,15 @@ use super::budget::Held;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
 use super::reply::{
-    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_record, finish, problem_record, replay_response,
+    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, problem_record,
+    replay_response,
 };
 use super::state::{AppState, Live, PolicyId};
 use super::upstream::{self, Failure, upstream_request};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::ProxyError;
 use crate::failpoint;
-use crate::idempotency::{Completed, Fingerprint, ScopedKey, StoredBody};
+use crate::idempotency::{Completed, Fingerprint, Kept, ScopedKey, StoredBody};
 use crate::metrics::Outcome;
 use crate::store::{Lease, Store};
 
@@ -141,13 +142,12 @@ async fn exchange<S: Store>(
         }
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
-    let record = Completed {
+    let record = Completed::clear(
         fingerprint,
-        status: head.status,
-        headers: stored_headers(&head.headers, &policy.replay_drop_headers),
-        body: stored,
-        times: None,
-    };
+        head.status,
+        stored_headers(&head.headers, policy),
+        stored,
+    );
     let outcome = lease.complete(record, ttl).await;
     failpoint::hit(failpoint::AFTER_RECORD);
     Ok(Reply::new(outcome, Response::from_parts(head, to_client)))
@@ -204,19 +204,31 @@ pub(crate) async fn record_abandoned<S: Store>(
     fingerprint: Fingerprint,
     ttl: Duration,
 ) -> Reply {
-    let record = abandoned_record(&state.config.errors, fingerprint);
-    let response = replay_response(&record, policy);
+    let stored = abandoned_response(&state.config.errors);
+    let response = replay_response(&stored, policy);
+    let record = Completed {
+        fingerprint,
+        kept: Kept::Clear(stored),
+        times: None,
+    };
     let lease = LeaseGuard::new(state, lease, policy.lease);
     let _ = lease.complete(record, ttl).await;
     Reply::new(Outcome::OutcomeUnknown, response)
 }
 
 /// What is kept of the upstream's headers: end-to-end ones (hop-by-hop are already
-/// gone), minus `replay_drop_headers`; `Date` and `Content-Length` are made anew.
-fn stored_headers(headers: &HeaderMap, drop: &[HeaderName]) -> Vec<(HeaderName, HeaderValue)> {
+/// gone), minus `replay_drop_headers` and `record_exclude_headers`; `Date` and
+/// `Content-Length` are made anew.
+fn stored_headers(headers: &HeaderMap, policy: &Policy) -> Vec<(HeaderName, HeaderValue)> {
+    let kept = |name: &HeaderName| {
+        *name != DATE
+            && *name != CONTENT_LENGTH
+            && !policy.replay_drop_headers.contains(name)
+            && !policy.record_exclude_headers.contains(name)
+    };
     headers
         .iter()
-        .filter(|(name, _)| **name != DATE && **name != CONTENT_LENGTH && !drop.contains(name))
+        .filter(|(name, _)| kept(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect()
 }

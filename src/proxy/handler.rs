@@ -153,7 +153,7 @@ async fn route<S: Store, B: RequestBody>(
         ),
         Claimed::Replay(completed) => Next::Answer(Reply::new(
             Outcome::Replayed,
-            replay_response(&completed, policy),
+            replay_response(completed.response(), policy),
         )),
         Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, live, err, req).await?),
     };

@@ -89,7 +89,10 @@ impl<S: Store> LeaseGuard<S> {
     /// the lease would end (docs/behaviour.md §5).
     pub(crate) async fn complete(self, record: Completed, ttl: Duration) -> Outcome {
         let now = self.state.store.clock_ms();
-        let record = Arc::new(stamped(record, &self.lease, now));
+        let record = Arc::new(
+            self.state
+                .seal(&self.lease.key, stamped(record, &self.lease, now)),
+        );
         match self
             .state
             .store
@@ -287,13 +290,12 @@ mod tests {
     fn record_job() -> Job {
         Job::Record {
             lease: lease(),
-            record: Arc::new(Completed {
-                fingerprint: crate::idempotency::Fingerprint::from_bytes([0; 32]),
-                status: http::StatusCode::OK,
-                headers: vec![],
-                body: crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
-                times: None,
-            }),
+            record: Arc::new(Completed::clear(
+                crate::idempotency::Fingerprint::from_bytes([0; 32]),
+                http::StatusCode::OK,
+                vec![],
+                crate::idempotency::StoredBody::Stored(bytes::Bytes::new()),
+            )),
             ttl: Duration::from_secs(60),
         }
     }

@@ -10,7 +10,7 @@ use super::body::ProxyBody;
 use super::state::AppState;
 use crate::config::{ErrorsConfig, Policy};
 use crate::error::{Problem, ProxyError, UnknownCause};
-use crate::idempotency::{Completed, Fingerprint, StoredBody};
+use crate::idempotency::{Completed, Fingerprint, Kept, StoredBody, StoredResponse};
 use crate::metrics::Outcome;
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -71,19 +71,19 @@ pub(crate) fn finish<S>(state: &AppState<S>, result: Result<Reply, ProxyError>) 
 /// A stored response, sent again. `Date` and `Content-Length` are made anew by hyper.
 /// A recorded status of 500 or more cannot change either: it carries the policy's
 /// `replay_error_headers`, so that SDKs stop retrying it (docs/behaviour.md §16).
-pub(crate) fn replay_response(completed: &Completed, policy: &Policy) -> Response<ProxyBody> {
-    let body = match &completed.body {
+pub(crate) fn replay_response(stored: &StoredResponse, policy: &Policy) -> Response<ProxyBody> {
+    let body = match &stored.body {
         StoredBody::Stored(body) => ProxyBody::full(body.clone()),
         StoredBody::TooLarge => ProxyBody::empty(),
     };
     let mut response = Response::new(body);
-    *response.status_mut() = completed.status;
+    *response.status_mut() = stored.status;
     let headers = response.headers_mut();
-    for (name, value) in &completed.headers {
+    for (name, value) in &stored.headers {
         headers.append(name, value.clone());
     }
     headers.insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if completed.status.is_server_error() {
+    if stored.status.is_server_error() {
         for (name, value) in &policy.replay_error_headers {
             headers.insert(name, value.clone());
         }
@@ -110,19 +110,34 @@ pub(crate) fn problem_record(
 ) -> Completed {
     Completed {
         fingerprint,
+        kept: Kept::Clear(problem_stored(problem, errors)),
+        times: None,
+    }
+}
+
+fn problem_stored(problem: &Problem, errors: &ErrorsConfig) -> StoredResponse {
+    StoredResponse {
         status: problem.status,
         headers: problem.headers(errors),
         body: StoredBody::Stored(problem.body(errors)),
-        times: None,
     }
 }
 
 /// The record of a key whose owner crashed before recording (docs/behaviour.md §4).
 pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
+    Completed {
+        fingerprint,
+        kept: Kept::Clear(abandoned_response(errors)),
+        times: None,
+    }
+}
+
+/// What a key whose owner crashed before recording answers (docs/behaviour.md §4).
+pub(crate) fn abandoned_response(errors: &ErrorsConfig) -> StoredResponse {
     let problem = ProxyError::OutcomeUnknown {
         cause: UnknownCause::LeaseExpired,
         source: None,
     }
     .problem();
-    problem_record(&problem, errors, fingerprint)
+    problem_stored(&problem, errors)
 }

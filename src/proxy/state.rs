@@ -13,8 +13,9 @@ use tokio_util::task::TaskTracker;
 use super::budget::Budget;
 use super::upstream::{self, UpstreamClient};
 use crate::config::{Config, Policy};
+use crate::idempotency::{Completed, ScopedKey};
 use crate::metrics::Metrics;
-use crate::store::{Deadline, Store, Timed};
+use crate::store::{Deadline, Keyring, Store, Timed};
 use crate::worker::PerWorker;
 
 /// How many background retries (`lease.rs`) may run at once, across all keys. Past it
@@ -72,6 +73,9 @@ pub struct AppState<S> {
     live: ArcSwap<Live>,
     /// Every call under `store.timeout` and timed, by the decorator.
     pub store: Timed<S>,
+    /// `store.encryption`: seals every record before the store sees it, opens it for a
+    /// replay (docs/behaviour.md §17). `None`: records are kept in clear.
+    pub keyring: Option<Keyring>,
     pub metrics: Metrics,
     /// Forward-and-record tasks, which outlive a disconnected client, and background
     /// retries; shutdown waits for them.
@@ -108,6 +112,7 @@ impl<S: Store> AppState<S> {
             budget.gauge(),
         );
         Self {
+            keyring: Keyring::new(&config.store.encryption),
             budget,
             connections: Arc::new(Semaphore::new(config.max_connections)),
             config,
@@ -118,6 +123,15 @@ impl<S: Store> AppState<S> {
             retries: Arc::new(Semaphore::new(MAX_BACKGROUND_RETRIES)),
             tunnels: TaskTracker::new(),
             closing: CancellationToken::new(),
+        }
+    }
+
+    /// `record`, for `key`, as the store is to keep it: sealed when `store.encryption`
+    /// lists a key.
+    pub(crate) fn seal(&self, key: &ScopedKey, record: Completed) -> Completed {
+        match &self.keyring {
+            Some(keyring) => keyring.seal(key, record),
+            None => record,
         }
     }
 

@@ -13,6 +13,7 @@ pub mod file;
 mod memory;
 mod redis;
 mod rules;
+mod seal;
 mod timed;
 mod waiters;
 
@@ -20,6 +21,7 @@ pub use clock::{Clock, TokioClock};
 pub use file::{FileOptions, FileStore, FileWatch};
 pub use memory::{Durability, MemoryShards, MemoryStore, MemoryWatch, Volatile};
 pub use redis::{RedisStore, RedisWatch};
+pub use seal::{Keyring, Opened, Undecryptable};
 pub use timed::{Around, Deadline, Layered, Timed};
 pub use waiters::{KeyWatch, Registry, WaiterMap};
 
@@ -141,6 +143,10 @@ pub enum StoreError {
     Protocol(&'static str),
     #[error("the store returned a record that cannot be decoded")]
     Corrupt(#[source] crate::idempotency::record::DecodeError),
+    /// A sealed record that the keyring of `store.encryption` does not open
+    /// (docs/behaviour.md §17): never replayed, never forwarded again.
+    #[error("the stored record does not decrypt: {0}")]
+    Undecryptable(#[source] Undecryptable),
     /// `store.min_replicas` (docs/behaviour.md §14): the claim was written, but fewer
     /// replicas than asked acknowledged it in time, so a failover could lose it. It must
     /// not be forwarded, whatever `on_unavailable` says, and is released.

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey, StoredBody};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 
 /// What a rule changed, for the store to make durable and to wake waiters by.
 pub(crate) trait Effects {
@@ -88,18 +88,7 @@ impl Default for Index {
 pub(crate) fn size(record: &Record) -> u64 {
     match record {
         Record::InFlight(_) => IN_FLIGHT_LEN as u64,
-        Record::Completed(c) => {
-            let body = match &c.body {
-                StoredBody::Stored(b) => b.len(),
-                StoredBody::TooLarge => 0,
-            };
-            let headers: usize = c
-                .headers
-                .iter()
-                .map(|(n, v)| n.as_str().len() + v.len())
-                .sum();
-            (body + headers + IN_FLIGHT_LEN) as u64
-        }
+        Record::Completed(c) => (c.payload_len() + IN_FLIGHT_LEN) as u64,
     }
 }
 

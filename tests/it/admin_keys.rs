@@ -83,6 +83,7 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
         "completed_at",
         "expires_at",
         "lease_expires_at",
+        "encryption_key_id",
     ];
     expected.sort_unstable();
     let mut fields = fields;
@@ -93,6 +94,7 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     assert_eq!(json["status"], 201);
     assert_eq!(json["replayable"], true);
     assert_eq!(json["body_bytes"], first.body.len());
+    assert!(json["encryption_key_id"].is_null(), "kept in clear");
     let fingerprint = json["fingerprint"].as_str().expect("a string");
     assert!(fingerprint.len() == 64 && fingerprint.bytes().all(|b| b.is_ascii_hexdigit()));
     assert!(json["lease_expires_at"].is_null());

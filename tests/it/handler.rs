@@ -162,16 +162,15 @@ async fn a_completed_key_replays_its_record_and_another_body_is_422() {
     let state = state("");
     let at = address(&state, "/charges", "paid", "{}");
     let lease = marker(&state, at, Duration::from_secs(10)).await;
-    let record = Completed {
-        fingerprint: at.1,
-        status: StatusCode::CREATED,
-        headers: vec![(
+    let record = Completed::clear(
+        at.1,
+        StatusCode::CREATED,
+        vec![(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         )],
-        body: StoredBody::Stored(Bytes::from_static(b"{\"charge\":1}")),
-        times: None,
-    };
+        StoredBody::Stored(Bytes::from_static(b"{\"charge\":1}")),
+    );
     let done = state
         .store
         .complete(&lease, Arc::new(record), Duration::from_secs(3600))

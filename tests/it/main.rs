@@ -14,6 +14,7 @@ mod concurrency;
 mod crash;
 mod demo;
 mod docker_build;
+mod encryption;
 mod failover;
 mod faults;
 #[cfg(feature = "failpoints")]

@@ -47,13 +47,12 @@ async fn acquire(s: &RedisStore, n: u8) -> Lease {
 }
 
 fn response() -> Completed {
-    Completed {
-        fingerprint: Fingerprint::from_bytes([1; 32]),
-        status: StatusCode::CREATED,
-        headers: Vec::new(),
-        body: StoredBody::Stored(Bytes::from_static(b"{\"id\":1}")),
-        times: None,
-    }
+    Completed::clear(
+        Fingerprint::from_bytes([1; 32]),
+        StatusCode::CREATED,
+        Vec::new(),
+        StoredBody::Stored(Bytes::from_static(b"{\"id\":1}")),
+    )
 }
 
 /// What a claim finds in a full Redis: the completed record, the in-flight marker, and

@@ -55,13 +55,12 @@ async fn acquire(s: &RedisStore, key: ScopedKey) -> Lease {
 }
 
 fn response() -> Arc<Completed> {
-    Arc::new(Completed {
-        fingerprint: Fingerprint::from_bytes([1; 32]),
-        status: StatusCode::CREATED,
-        headers: Vec::new(),
-        body: StoredBody::Stored(Bytes::from_static(b"{}")),
-        times: None,
-    })
+    Arc::new(Completed::clear(
+        Fingerprint::from_bytes([1; 32]),
+        StatusCode::CREATED,
+        Vec::new(),
+        StoredBody::Stored(Bytes::from_static(b"{}")),
+    ))
 }
 
 /// The last waiter on a key gives up just as the next one arrives (a retry right after

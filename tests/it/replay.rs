@@ -193,3 +193,41 @@ async fn clients_may_speak_h2c() {
     assert_eq!(bodies[0].1, bodies[1].1);
     assert_eq!(up.count(), 1);
 }
+
+/// `record_exclude_headers` keeps a header out of the store on top of
+/// `replay_drop_headers`, even one that a replaced `replay_drop_headers` list no longer
+/// names (docs/behaviour.md §17): the first client gets it, the store never does.
+#[tokio::test]
+async fn excluded_response_headers_reach_the_first_client_and_are_never_stored() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  replay_drop_headers: [date]\n  record_exclude_headers: [set-cookie]\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let c = proxy.client();
+    let first = c.post("/charges", "k-cookie", "{}").await;
+    assert_eq!(first.headers["set-cookie"], "session=1");
+    let again = c.post("/charges", "k-cookie", "{}").await;
+    assert!(again.replayed());
+    assert!(again.headers.get("set-cookie").is_none(), "not replayed");
+    assert_eq!(again.headers["x-execution"], "1", "other headers are");
+    let id = idemgate::proxy::record_id(
+        &proxy.state.config,
+        &http::Method::POST,
+        "/charges",
+        &http::HeaderMap::new(),
+        "k-cookie",
+    )
+    .expect("guarded");
+    let key = idemgate::idempotency::ScopedKey::from_hex(&id["idemgate:".len()..]).expect("id");
+    let found = idemgate::store::Store::inspect(&proxy.state.store, key)
+        .await
+        .expect("inspect")
+        .expect("stored");
+    let stored = found.record.encode();
+    assert!(
+        !stored
+            .windows(10)
+            .any(|w| w.eq_ignore_ascii_case(b"set-cookie")),
+        "the store holds no Set-Cookie"
+    );
+    assert!(stored.windows(11).any(|w| w == b"x-execution"));
+}

@@ -96,16 +96,15 @@ fn fp(n: u8) -> Fingerprint {
 }
 
 fn response(body: &'static [u8]) -> Arc<Completed> {
-    Arc::new(Completed {
-        fingerprint: fp(1),
-        status: StatusCode::CREATED,
-        headers: vec![(
+    Arc::new(Completed::clear(
+        fp(1),
+        StatusCode::CREATED,
+        vec![(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         )],
-        body: StoredBody::Stored(Bytes::from_static(body)),
-        times: None,
-    })
+        StoredBody::Stored(Bytes::from_static(body)),
+    ))
 }
 
 async fn first_claim_acquires_then_others_see_the_marker<H: Harness>(h: H) {

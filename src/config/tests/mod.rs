@@ -10,6 +10,7 @@ use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
 
+mod encryption;
 mod errors;
 mod examples;
 mod keys;
@@ -135,6 +136,8 @@ fn a_minimal_file_gets_every_default() {
             fsync: true,
             sentinel: None,
             min_replicas: 0,
+            encryption: Vec::new(),
+            max_entries_per_scope: None,
         }
     );
     let policy = &config.idempotency;
@@ -218,6 +221,7 @@ idempotency:
   fingerprint_ignore: [/timestamp, "", "/a~1b~0/0"]
   scope_cookies: [session, sid]
   replay_drop_headers: [set-cookie]
+  record_exclude_headers: [x-session-token]
   replay_error_headers: {X-Should-Retry: "false", x-idempotent-error: final}
   max_request_body: 64KiB
   max_response_body: 2MB
@@ -274,6 +278,8 @@ fn every_key_can_be_overridden() {
                 ],
             }),
             min_replicas: 2,
+            encryption: Vec::new(),
+            max_entries_per_scope: None,
         }
     );
     let expected = Policy {
@@ -298,6 +304,7 @@ fn every_key_can_be_overridden() {
         fingerprint_ignore: pointers(&["/timestamp", "", "/a~1b~0/0"]),
         scope_cookies: vec!["session".to_owned(), "sid".to_owned()],
         replay_drop_headers: vec![header("set-cookie")],
+        record_exclude_headers: vec![header("x-session-token")],
         replay_error_headers: vec![
             (
                 header("x-should-retry"),

@@ -33,13 +33,12 @@ fn req(k: u32) -> ClaimRequest {
 }
 
 fn response(body: &'static [u8]) -> Arc<Completed> {
-    Arc::new(Completed {
-        fingerprint: Fingerprint::from_bytes([1; 32]),
-        status: StatusCode::CREATED,
-        headers: Vec::new(),
-        body: StoredBody::Stored(Bytes::from_static(body)),
-        times: None,
-    })
+    Arc::new(Completed::clear(
+        Fingerprint::from_bytes([1; 32]),
+        StatusCode::CREATED,
+        Vec::new(),
+        StoredBody::Stored(Bytes::from_static(body)),
+    ))
 }
 
 fn options(dir: &Path, max_entries: usize) -> FileOptions {

@@ -30,13 +30,12 @@ fn req(k: u8) -> ClaimRequest {
 }
 
 fn response() -> Arc<Completed> {
-    Arc::new(Completed {
-        fingerprint: Fingerprint::from_bytes([1; 32]),
-        status: StatusCode::CREATED,
-        headers: Vec::new(),
-        body: StoredBody::Stored(Bytes::from_static(b"{}")),
-        times: None,
-    })
+    Arc::new(Completed::clear(
+        Fingerprint::from_bytes([1; 32]),
+        StatusCode::CREATED,
+        Vec::new(),
+        StoredBody::Stored(Bytes::from_static(b"{}")),
+    ))
 }
 
 async fn acquire(s: &MemoryStore, k: u8) -> Lease {

@@ -531,16 +531,15 @@ fn a_put_encoded_from_a_record_is_the_put_of_its_encoding() {
         lease_deadline_ms: 42,
         claimed_at_ms: Some(7),
     });
-    let completed = Record::Completed(std::sync::Arc::new(Completed {
-        fingerprint: Fingerprint::from_bytes([4; 32]),
-        status: http::StatusCode::CREATED,
-        headers: vec![(
+    let completed = Record::Completed(std::sync::Arc::new(Completed::clear(
+        Fingerprint::from_bytes([4; 32]),
+        http::StatusCode::CREATED,
+        vec![(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         )],
-        body: StoredBody::Stored(bytes::Bytes::from_static(b"{\"id\":1}")),
-        times: None,
-    }));
+        StoredBody::Stored(bytes::Bytes::from_static(b"{\"id\":1}")),
+    )));
     for record in [marker, completed] {
         let key = ScopedKey::from_bytes([9; 32]);
         let mut direct = vec![0xAB];

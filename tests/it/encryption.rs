@@ -1,0 +1,292 @@
+//! Encryption at rest (docs/behaviour.md §17) over real sockets, on every store kind:
+//! what the store holds, replays, rotation, clear records from before, and a record that
+//! does not decrypt. Several proxies with different keyrings share one store, as
+//! replicas (or a restart with a new configuration) do.
+
+use crate::support;
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Method};
+use idemgate::config::Config;
+use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use support::redis::{RedisCluster, RedisServer};
+use support::{Proxy, Upstream};
+
+const K1: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+const K2: &str = "ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
+const MARKER: &str = "CARD-4242-MARKER-5f1e";
+/// In the record written in clear, which the file store's journal keeps beside the
+/// sealed ones.
+const PLAIN: &str = "PLAIN-MARKER-77aa";
+
+/// The configuration of one proxy: `store` (the lines under `store:`) and these keys.
+fn config(up: &Upstream, store: &str, keys: &[(&str, &str)]) -> Config {
+    let mut yaml = format!("upstream:\n  url: {}\nstore:\n{store}", up.url());
+    if !keys.is_empty() {
+        yaml.push_str("  encryption:\n    keys:\n");
+        for (id, key) in keys {
+            yaml.push_str(&format!("      - {{id: {id}, key: {key}}}\n"));
+        }
+    }
+    Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid")
+}
+
+fn id_of<S: Store>(proxy: &Proxy<S>, key: &str) -> String {
+    idemgate::proxy::record_id(
+        &proxy.state.config,
+        &Method::POST,
+        "/charges",
+        &HeaderMap::new(),
+        key,
+    )
+    .expect("a guarded path")
+}
+
+fn body(n: u32) -> String {
+    let marker = if n == 1 { PLAIN } else { MARKER };
+    format!("{{\"card\":\"{marker}\",\"n\":{n}}}")
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+/// Everything of encryption at rest that does not depend on the store kind.
+/// `stored(id)` returns the bytes the store itself holds for a record id (`None` while
+/// it holds nothing).
+async fn sealed_at_rest<S, F>(store: Arc<S>, store_yaml: &str, stored: F)
+where
+    S: Store,
+    F: AsyncFn(&str) -> Option<Vec<u8>>,
+{
+    let up = Upstream::start().await;
+    let start = |keys: &[(&str, &str)]| {
+        Proxy::with_store(config(&up, store_yaml, keys), Arc::clone(&store))
+    };
+
+    // Written in clear before encryption was turned on: the store shows the body, which
+    // also shows that `stored` can see one.
+    let plain = start(&[]).await;
+    let first = plain.client().post("/charges", "clear-1", &body(1)).await;
+    assert_eq!(first.status, 201);
+    let clear_id = id_of(&plain, "clear-1");
+    let held = stored(&clear_id).await.expect("a clear record is stored");
+    assert!(contains(&held, PLAIN), "a clear record shows its body");
+    drop(plain);
+
+    let sealing = start(&[("k1", K1)]).await;
+    let client = sealing.client();
+    let admin = sealing.admin().await;
+    let first = client.post("/charges", "enc-1", &body(2)).await;
+    assert_eq!(first.status, 201);
+    assert!(first.text().contains(MARKER), "the client gets the body");
+    let again = client.post("/charges", "enc-1", &body(2)).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["x-execution"], first.headers["x-execution"]);
+    let id = id_of(&sealing, "enc-1");
+    let held = stored(&id).await.expect("the record is stored");
+    assert!(!held.is_empty());
+    assert!(!contains(&held, MARKER), "the body is in the stored bytes");
+    let shown = admin.send("GET", &format!("/keys/{id}"), &[], "").await;
+    assert_eq!(shown.status, 200, "{}", shown.text());
+    let shown: serde_json::Value = serde_json::from_slice(&shown.body).expect("json");
+    assert_eq!(shown["encryption_key_id"], "k1", "{shown}");
+    assert_eq!(shown["state"], "completed");
+    assert_eq!(shown["replayable"], true);
+    assert!(
+        shown["status"].is_null() && shown["body_bytes"].is_null(),
+        "{shown}"
+    );
+    assert!(shown["fingerprint"].as_str().is_some_and(|f| f.len() == 64));
+    assert!(shown["completed_at"].is_string(), "times stay readable");
+    // The clear record from before still replays, and says it is clear.
+    let old = client.post("/charges", "clear-1", &body(1)).await;
+    assert!(old.replayed() && old.text().contains(PLAIN));
+    let shown = admin
+        .send("GET", &format!("/keys/{clear_id}"), &[], "")
+        .await;
+    let shown: serde_json::Value = serde_json::from_slice(&shown.body).expect("json");
+    assert!(shown["encryption_key_id"].is_null(), "{shown}");
+    assert_eq!(shown["status"], 201);
+    drop(sealing);
+
+    // Rotation: a new key first; the old one still opens what it sealed.
+    let rotated = start(&[("k2", K2), ("k1", K1)]).await;
+    let again = rotated.client().post("/charges", "enc-1", &body(2)).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    rotated.client().post("/charges", "enc-2", &body(3)).await;
+    let id2 = id_of(&rotated, "enc-2");
+    let shown = rotated
+        .admin()
+        .await
+        .send("GET", &format!("/keys/{id2}"), &[], "")
+        .await;
+    let shown: serde_json::Value = serde_json::from_slice(&shown.body).expect("json");
+    assert_eq!(shown["encryption_key_id"], "k2", "{shown}");
+    drop(rotated);
+    let executed = up.count();
+
+    // k1 dropped: its record is never replayed nor executed again, until purged.
+    let dropped = start(&[("k2", K2)]).await;
+    let refused = dropped.client().post("/charges", "enc-1", &body(2)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.problem(), "store-unavailable");
+    assert!(!refused.text().contains(MARKER));
+    assert_eq!(up.count(), executed, "not forwarded");
+    let metrics = dropped.state.metrics.render();
+    assert!(
+        metrics.contains("idemgate_store_undecryptable_total 1"),
+        "{metrics}"
+    );
+    let admin = dropped.admin().await;
+    let shown = admin.send("GET", &format!("/keys/{id}"), &[], "").await;
+    assert_eq!(shown.status, 200, "inspected without decrypting");
+    let purged = admin.send("DELETE", &format!("/keys/{id}"), &[], "").await;
+    assert_eq!(purged.status, 204, "{}", purged.text());
+    let fresh = dropped.client().post("/charges", "enc-1", &body(2)).await;
+    assert_eq!(fresh.status, 201);
+    assert!(!fresh.replayed());
+    assert_eq!(up.count(), executed + 1, "executes again once purged");
+}
+
+#[tokio::test]
+async fn on_the_memory_store() {
+    let store = Arc::new(MemoryStore::new(1000));
+    let probe = Arc::clone(&store);
+    sealed_at_rest(store, "  kind: memory\n", async move |id: &str| {
+        let hex = id.strip_prefix("idemgate:").expect("prefix");
+        let key = idemgate::idempotency::ScopedKey::from_hex(hex).expect("an id");
+        let found = probe.inspect(key).await.expect("inspect")?;
+        Some(found.record.encode().to_vec())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn on_the_file_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("store");
+    let yaml = format!("  kind: file\n  path: {}\n", path.display());
+    let config = Config::from_yaml_str(
+        &format!("upstream:\n  url: http://127.0.0.1:9\nstore:\n{yaml}"),
+        &|_| None,
+    )
+    .expect("config");
+    let store = Arc::new(FileStore::open(&FileOptions::from_config(&config.store)).expect("open"));
+    // The store's files, whole: the journal holds every record written.
+    sealed_at_rest(store, &yaml, async move |_: &str| {
+        let mut all = Vec::new();
+        for entry in std::fs::read_dir(&path).expect("store dir") {
+            let entry = entry.expect("entry");
+            if entry.file_type().expect("type").is_file() {
+                all.extend(std::fs::read(entry.path()).expect("read"));
+            }
+        }
+        Some(all)
+    })
+    .await;
+}
+
+/// `GET id` as Redis answers it, raw.
+async fn redis_get(conn: &mut impl redis::aio::ConnectionLike, id: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET")
+        .arg(id)
+        .query_async::<Option<Vec<u8>>>(conn)
+        .await
+        .expect("GET")
+}
+
+#[tokio::test]
+async fn on_redis() {
+    let server = RedisServer::start().await;
+    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
+    let config = Config::from_yaml_str(
+        &format!("upstream:\n  url: http://127.0.0.1:9\nstore:\n{yaml}"),
+        &|_| None,
+    )
+    .expect("config");
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    let client = redis::Client::open(server.url()).expect("client");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    sealed_at_rest(store, &yaml, async move |id: &str| {
+        redis_get(&mut conn.clone(), id).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn on_a_redis_cluster() {
+    let cluster = RedisCluster::start().await;
+    let urls = cluster.seed_urls();
+    let yaml = format!(
+        "  kind: redis\n  cluster: true\n  urls: [{}]\n",
+        urls.join(", ")
+    );
+    let config = Config::from_yaml_str(
+        &format!("upstream:\n  url: http://127.0.0.1:9\nstore:\n{yaml}"),
+        &|_| None,
+    )
+    .expect("config");
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    let client = redis::cluster::ClusterClient::new(urls).expect("cluster client");
+    let conn = client.get_async_connection().await.expect("connection");
+    sealed_at_rest(store, &yaml, async move |id: &str| {
+        redis_get(&mut conn.clone(), id).await
+    })
+    .await;
+}
+
+/// The record's address is the associated data: a sealed value copied under another
+/// key (by someone with write access to Redis) does not decrypt there, and is refused.
+#[tokio::test]
+async fn a_sealed_value_copied_under_another_key_is_refused() {
+    let server = RedisServer::start().await;
+    let up = Upstream::start().await;
+    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
+    let config = config(&up, &yaml, &[("k1", K1)]);
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    let proxy = Proxy::with_store(config, store).await;
+    let client = proxy.client();
+    assert_eq!(
+        client.post("/charges", "victim", &body(1)).await.status,
+        201
+    );
+    assert_eq!(client.post("/charges", "other", &body(1)).await.status, 201);
+    let redis = redis::Client::open(server.url()).expect("client");
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let value = redis_get(&mut conn, &id_of(&proxy, "victim"))
+        .await
+        .expect("stored");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(id_of(&proxy, "other"))
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    let _: () = redis::cmd("SET")
+        .arg(id_of(&proxy, "other"))
+        .arg(value)
+        .arg("PX")
+        .arg(ttl)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let moved = client.post("/charges", "other", &body(1)).await;
+    assert_eq!(moved.status, 503, "{}", moved.text());
+    assert_eq!(up.count(), 2);
+    let victim = client.post("/charges", "victim", &body(1)).await;
+    assert!(
+        victim.replayed(),
+        "the original still opens where it belongs"
+    );
+}
