@@ -293,7 +293,8 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
         })?;
     match config.store.kind {
         StoreKind::Memory => {
-            let store = MemoryStore::new(config.store.max_entries);
+            let store = MemoryStore::new(config.store.max_entries)
+                .with_scope_quota(config.store.max_entries_per_scope);
             run_with(listeners, config, store, (reload, hangups)).await
         }
         StoreKind::File => {

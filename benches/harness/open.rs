@@ -24,6 +24,7 @@ pub(crate) async fn run(records: u64) -> Result<bool, BoxError> {
         path: dir.path().join("store"),
         fsync: false,
         max_entries: usize::try_from(records + 1)?,
+        max_entries_per_scope: None,
     };
     let started = Instant::now();
     {
@@ -74,6 +75,7 @@ async fn fill(store: &FileStore, filler: u64, records: u64) -> Result<(), BoxErr
         key[8] = 1;
         let req = ClaimRequest {
             key: ScopedKey::from_bytes(key),
+            scope: None,
             fingerprint: Fingerprint::from_bytes([1; 32]),
             token: OwnerToken::random(),
             lease: Duration::from_secs(3600),

@@ -40,7 +40,7 @@ use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
-use crate::idempotency::{IdempotencyKey, Scope, ScopedKey};
+use crate::idempotency::{IdempotencyKey, Scope, ScopeId, ScopedKey};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -294,6 +294,12 @@ impl Policy {
         key: &IdempotencyKey,
     ) -> ScopedKey {
         ScopedKey::scoped_in_parts(headers, self.scope(), source.label_parts(), key)
+    }
+
+    /// The scope a request with `headers` is in, for `store.max_entries_per_scope`
+    /// (docs/behaviour.md §17): the same scope values as [`Policy::address`] hashes.
+    pub fn scope_id(&self, headers: &HeaderMap) -> ScopeId {
+        self.scope().id(headers)
     }
 
     /// Whether a request with `headers` carries a scope value that tells its client

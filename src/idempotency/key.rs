@@ -132,7 +132,62 @@ pub struct Scope<'a> {
     pub cookies: &'a [String],
 }
 
+/// Which scope a record belongs to, for `store.max_entries_per_scope`
+/// (docs/behaviour.md §17): a hash of the scope values alone, without the key, so that
+/// the records of one client share it. Half a SHA-256: collisions stay negligible, and
+/// the raw scope (a credential) never reaches the store.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ScopeId([u8; 16]);
+
+impl ScopeId {
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ScopeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ScopeId({})", &hex(&self.0)[..8])
+    }
+}
+
 impl Scope<'_> {
+    /// The scope `headers` put a request in: the scope values hashed exactly as
+    /// [`ScopedKey::scoped_in_parts`] hashes them, then finished on their own.
+    pub fn id(&self, headers: &HeaderMap) -> ScopeId {
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-scope-v1");
+        self.feed(&mut hash, headers);
+        hash.update(b"scope-id");
+        let digest: [u8; 32] = hash.finalize().into();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        ScopeId(id)
+    }
+
+    /// Feeds the scope values of `headers` to `hash`.
+    fn feed(&self, hash: &mut Sha256, headers: &HeaderMap) {
+        for name in self.headers {
+            if *name == AUTHORIZATION {
+                hash_authorization(hash, headers);
+            } else {
+                hash_header(hash, headers, name);
+            }
+        }
+        if !self.cookies.is_empty() {
+            // Never the first byte of a length prefix (keys are at most 255 long), so a
+            // scope with cookies cannot collide with one without.
+            hash.update(b"cookies");
+            for name in self.cookies {
+                hash_cookie(hash, headers, name);
+            }
+        }
+    }
+
     /// Whether `headers` carry a value of the scope that can tell one client from
     /// another: a listed header or cookie, not empty. A request that carries none shares
     /// the anonymous scope with every other such request, where a `fingerprint` key
@@ -194,21 +249,7 @@ impl ScopedKey {
     ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-scope-v1");
-        for name in scope.headers {
-            if *name == AUTHORIZATION {
-                hash_authorization(&mut hash, headers);
-            } else {
-                hash_header(&mut hash, headers, name);
-            }
-        }
-        if !scope.cookies.is_empty() {
-            // Never the first byte of a length prefix (keys are at most 255 long), so a
-            // scope with cookies cannot collide with one without.
-            hash.update(b"cookies");
-            for name in scope.cookies {
-                hash_cookie(&mut hash, headers, name);
-            }
-        }
+        scope.feed(&mut hash, headers);
         let [kind, name] = source;
         let default = DEFAULT_SOURCE
             .strip_prefix(kind)
@@ -366,6 +407,28 @@ mod tests {
             map.append(*name, HeaderValue::from_static(value));
         }
         map
+    }
+
+    #[test]
+    fn a_scope_id_is_shared_by_a_clients_keys_and_not_by_other_clients() {
+        let scope_headers = [AUTHORIZATION];
+        let scope = Scope {
+            headers: &scope_headers,
+            cookies: &[],
+        };
+        let mut a = HeaderMap::new();
+        a.insert(AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        let mut a_again = HeaderMap::new();
+        a_again.insert(AUTHORIZATION, HeaderValue::from_static("bearer a"));
+        let mut b = HeaderMap::new();
+        b.insert(AUTHORIZATION, HeaderValue::from_static("Bearer b"));
+        assert_eq!(scope.id(&a), scope.id(&a_again), "the scheme's case aside");
+        assert_ne!(scope.id(&a), scope.id(&b));
+        assert_ne!(scope.id(&a), scope.id(&HeaderMap::new()));
+        assert!(
+            !scope.id(&a).as_bytes().iter().all(|b| *b == 0),
+            "a hash, not the value"
+        );
     }
 
     #[test]

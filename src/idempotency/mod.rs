@@ -14,7 +14,7 @@ pub mod source;
 
 pub use decide::{AfterTakeOver, Decision, Rejection, decide};
 pub use fingerprint::Fingerprint;
-pub use key::{IdempotencyKey, KeyError, Scope, ScopedKey};
+pub use key::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 pub use record::{
     Completed, InFlight, Kept, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Times,
 };

@@ -13,7 +13,7 @@ use super::state::AppState;
 use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::idempotency::{
-    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopedKey, decide,
+    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, decide,
 };
 use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
 
@@ -39,7 +39,7 @@ const TAKE_OVER_RACES: u32 = 3;
 pub(crate) async fn claim<S: Store>(
     state: &Arc<AppState<S>>,
     policy: &Policy,
-    key: ScopedKey,
+    (key, scope): (ScopedKey, Option<ScopeId>),
     fingerprint: Fingerprint,
     ttl: Duration,
 ) -> Result<Claimed, ProxyError> {
@@ -52,6 +52,7 @@ pub(crate) async fn claim<S: Store>(
     loop {
         let claim = ClaimRequest {
             key,
+            scope,
             fingerprint,
             token: OwnerToken::random(),
             lease: policy.lease,

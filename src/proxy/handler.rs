@@ -146,7 +146,15 @@ async fn route<S: Store, B: RequestBody>(
         }
     };
     *scoped_key = Some(req.scoped);
-    let next = match claim::claim(state, policy, req.scoped, req.fingerprint, req.ttl).await? {
+    // Hashed only when a quota needs it (docs/behaviour.md §17).
+    let scope = state
+        .config
+        .store
+        .max_entries_per_scope
+        .map(|_| policy.scope_id(&req.parts.headers));
+    let claimed =
+        claim::claim(state, policy, (req.scoped, scope), req.fingerprint, req.ttl).await?;
+    let next = match claimed {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
         Claimed::Abandoned(lease) => Next::Answer(
             exchange::record_abandoned(state, policy, lease, req.fingerprint, req.ttl).await,

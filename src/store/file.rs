@@ -59,6 +59,8 @@ pub struct FileOptions {
     /// Flush every commit to stable storage.
     pub fsync: bool,
     pub max_entries: usize,
+    /// `store.max_entries_per_scope` (docs/behaviour.md §17).
+    pub max_entries_per_scope: Option<usize>,
 }
 
 impl FileOptions {
@@ -68,6 +70,7 @@ impl FileOptions {
             path: store.path.clone(),
             fsync: store.fsync,
             max_entries: store.max_entries,
+            max_entries_per_scope: store.max_entries_per_scope,
         }
     }
 }
@@ -139,11 +142,12 @@ fn load(shards: &mut super::memory::AllShards<'_>, entry: Entry<'_>) -> Result<(
             key,
             expires_ms,
             record,
+            scope,
         } => {
             let record = Record::decode(Bytes::copy_from_slice(record)).map_err(|err| {
                 format!("a record of key {} does not decode: {err}", key.to_hex())
             })?;
-            shards.load(key, record, expires_ms);
+            shards.load(key, record, expires_ms, scope);
         }
         Entry::Remove { key } => shards.unload(&key),
     }
@@ -154,11 +158,14 @@ impl<C: Clock + Clone> FileStore<C> {
     pub fn open_with_clock(options: &FileOptions, clock: C) -> Result<Self, OpenError> {
         let metrics = FileMetrics::new();
         let queue = Queue::new(0, !options.fsync);
-        let core = Arc::new(MemoryStore::durable(
-            options.max_entries,
-            clock.clone(),
-            Journaled(Arc::clone(&queue)),
-        ));
+        let core = Arc::new(
+            MemoryStore::durable(
+                options.max_entries,
+                clock.clone(),
+                Journaled(Arc::clone(&queue)),
+            )
+            .with_scope_quota(options.max_entries_per_scope),
+        );
         let mut undecodable = None;
         let journal = {
             let mut shards = core.lock_all();

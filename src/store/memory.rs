@@ -6,21 +6,31 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::clock::{Clock, TokioClock};
-use super::rules::{Effects, Index};
+use super::quota::Quotas;
+use super::rules::{Effects, Eviction, Index};
 use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
 
 /// What makes the shards' changes outlive the process. Called under the lock of the
 /// changed key's shard, so that a key's changes reach it in the order they were made.
 pub trait Durability: Send + Sync + 'static {
-    /// Records that `key` holds `record` until `expires_ms`; returns the change's ticket.
-    fn put(&self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64;
+    /// Records that `key` holds `record` until `expires_ms`, in `scope`; returns the
+    /// change's ticket.
+    fn put(
+        &self,
+        key: &ScopedKey,
+        record: &Record,
+        expires_ms: u64,
+        scope: Option<&ScopeId>,
+    ) -> u64;
     /// Records that `key` holds nothing; returns the change's ticket.
     fn remove(&self, key: &ScopedKey) -> u64;
     /// Waits until the change with `ticket`, and every one before it, is durable. An
@@ -33,7 +43,13 @@ pub trait Durability: Send + Sync + 'static {
 pub struct Volatile;
 
 impl Durability for Volatile {
-    fn put(&self, _key: &ScopedKey, _record: &Record, _expires_ms: u64) -> u64 {
+    fn put(
+        &self,
+        _key: &ScopedKey,
+        _record: &Record,
+        _expires_ms: u64,
+        _scope: Option<&ScopeId>,
+    ) -> u64 {
         0
     }
 
@@ -65,8 +81,11 @@ pub struct MemoryStore<C: Clock = TokioClock, D: Durability = Volatile> {
     shard_entries: usize,
     clock: C,
     durability: D,
-    /// Live completed records evicted early because the store was full.
-    evictions: Counter,
+    /// `store.max_entries_per_scope`: each scope's completed records, across shards.
+    quotas: Option<Quotas>,
+    /// Live completed records evicted early: `[full, scope_quota]`.
+    evictions: [Counter; 2],
+    evictions_family: Family<ReasonLabel, Counter>,
     entries: Gauge,
     stored_bytes: Gauge,
 }
@@ -94,20 +113,38 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
         } else {
             1
         };
+        let evictions_family = Family::<ReasonLabel, Counter>::default();
+        let evictions = ["full", "scope_quota"]
+            .map(|reason| evictions_family.get_or_create_owned(&ReasonLabel { reason }));
         Self {
             shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
             shard_entries: max_entries / shards,
             clock,
             durability,
-            evictions: Counter::default(),
+            quotas: None,
+            evictions,
+            evictions_family,
             entries: Gauge::default(),
             stored_bytes: Gauge::default(),
         }
     }
 
+    /// With at most `max` completed records per scope (`store.max_entries_per_scope`,
+    /// docs/behaviour.md §17): past it a scope's own oldest record is evicted.
+    #[must_use]
+    pub fn with_scope_quota(mut self, max: Option<usize>) -> Self {
+        self.quotas = max.map(Quotas::new);
+        self
+    }
+
     /// Live records evicted early because the store was full.
     pub fn evictions(&self) -> u64 {
-        self.evictions.get()
+        self.evictions[0].get()
+    }
+
+    /// Live records evicted early because their scope was over its quota.
+    pub fn quota_evictions(&self) -> u64 {
+        self.evictions[1].get()
     }
 
     /// Entries held, expired ones not yet dropped included.
@@ -147,9 +184,44 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
         key: &ScopedKey,
         rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
     ) -> (T, u64) {
-        let (out, ticket, evicted) = self.shard(key).run(&self.durability, rule);
-        self.evictions.inc_by(evicted);
-        (out, ticket)
+        let (out, ran) = self.run(key, rule);
+        if let Some(scope) = ran.joined {
+            self.enforce_quota(&scope);
+        }
+        (out, ran.ticket)
+    }
+
+    /// Runs a rule on `key`'s shard and counts its evictions.
+    fn run<T>(
+        &self,
+        key: &ScopedKey,
+        rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
+    ) -> (T, Ran) {
+        let (out, ran) = self
+            .shard(key)
+            .run(&self.durability, self.quotas.as_ref(), rule);
+        self.count(&ran);
+        (out, ran)
+    }
+
+    fn count(&self, ran: &Ran) {
+        for (counter, n) in self.evictions.iter().zip(ran.evicted) {
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+    }
+
+    /// Evicts `scope`'s oldest completed records while it holds more than its quota,
+    /// with no other lock held: the scope's records are in any shard.
+    fn enforce_quota(&self, scope: &ScopeId) {
+        let Some(quotas) = &self.quotas else {
+            return;
+        };
+        while let Some((place, key)) = quotas.over(scope) {
+            let now = self.clock.now_ms();
+            self.run(&key, |index, fx| index.evict_placed(&key, place, now, fx));
+        }
     }
 
     /// Runs a rule, then waits until what it answers from is durable.
@@ -170,8 +242,9 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
         for shard in self.shards.iter() {
             let mut shard = Shard::new(lock(shard), &self.entries, &self.stored_bytes);
             if shard.inner.index.may_have_expired(now) {
+                let quotas = self.quotas.as_ref();
                 gone += shard
-                    .run(&self.durability, |index, fx| index.sweep(now, fx))
+                    .run(&self.durability, quotas, |index, fx| index.sweep(now, fx))
                     .0;
             }
         }
@@ -197,7 +270,11 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
     /// Calls `f` with every live entry. Each shard is locked only while its entries are
     /// copied (records are shared, not cloned), so that `f` can take its time: a key
     /// changed meanwhile is seen before or after the change, never half.
-    pub(crate) fn for_each_live(&self, now: u64, mut f: impl FnMut(&ScopedKey, &Record, u64)) {
+    pub(crate) fn for_each_live(
+        &self,
+        now: u64,
+        mut f: impl FnMut(&ScopedKey, &Record, u64, Option<&ScopeId>),
+    ) {
         let mut entries = Vec::new();
         for shard in self.shards.iter() {
             entries.clear();
@@ -205,65 +282,131 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
                 lock(shard)
                     .index
                     .live(now)
-                    .map(|(key, slot)| (*key, slot.record.clone(), slot.expires_ms)),
+                    .map(|(key, slot)| (*key, slot.record.clone(), slot.expires_ms, slot.scope)),
             );
-            for (key, record, expires_ms) in &entries {
-                f(key, record, *expires_ms);
+            for (key, record, expires_ms, scope) in &entries {
+                f(key, record, *expires_ms, scope.as_ref());
             }
         }
     }
 
     /// Every shard locked at once, to be emptied and loaded again from disk.
     pub(crate) fn lock_all(&self) -> AllShards<'_> {
-        AllShards(
-            self.shards
+        AllShards {
+            shards: self
+                .shards
                 .iter()
                 .map(|shard| Shard::new(lock(shard), &self.entries, &self.stored_bytes))
                 .collect(),
-        )
-    }
-}
-
-/// Every shard of a store, locked; released (and the gauges moved) when dropped.
-pub(crate) struct AllShards<'a>(Vec<Shard<'a>>);
-
-impl AllShards<'_> {
-    fn index(&mut self, key: &ScopedKey) -> &mut Index {
-        let at = usize::from(key.as_bytes()[0]) % self.0.len();
-        &mut self.0[at].inner.index
-    }
-
-    /// Puts `record` under `key`, as read from disk.
-    pub(crate) fn load(&mut self, key: ScopedKey, record: Record, expires_ms: u64) {
-        self.index(&key).load(key, record, expires_ms);
-    }
-
-    /// Removes `key`, as read from disk.
-    pub(crate) fn unload(&mut self, key: &ScopedKey) {
-        self.index(key).unload(key);
-    }
-
-    /// Empties every shard and wakes every waiter: what they waited for may be gone.
-    pub(crate) fn clear(&mut self) {
-        for shard in &mut self.0 {
-            shard.inner.index.clear();
-            shard.inner.watchers.wake_all();
+            quotas: self.quotas.as_ref(),
         }
     }
 }
 
+/// Every shard of a store, locked; released (and the gauges moved) when dropped.
+pub(crate) struct AllShards<'a> {
+    shards: Vec<Shard<'a>>,
+    quotas: Option<&'a Quotas>,
+}
+
+impl AllShards<'_> {
+    fn index(&mut self, key: &ScopedKey) -> (&mut Index, Bookkeeping<'_>) {
+        let at = usize::from(key.as_bytes()[0]) % self.shards.len();
+        (&mut self.shards[at].inner.index, Bookkeeping(self.quotas))
+    }
+
+    /// Puts `record` under `key`, in `scope`, as read from disk.
+    pub(crate) fn load(
+        &mut self,
+        key: ScopedKey,
+        record: Record,
+        expires_ms: u64,
+        scope: Option<ScopeId>,
+    ) {
+        let (index, mut fx) = self.index(&key);
+        index.load(key, record, expires_ms, scope, &mut fx);
+    }
+
+    /// Removes `key`, as read from disk.
+    pub(crate) fn unload(&mut self, key: &ScopedKey) {
+        let (index, mut fx) = self.index(key);
+        index.unload(key, &mut fx);
+    }
+
+    /// Empties every shard and wakes every waiter: what they waited for may be gone.
+    pub(crate) fn clear(&mut self) {
+        for shard in &mut self.shards {
+            shard.inner.index.clear();
+            shard.inner.watchers.wake_all();
+        }
+        if let Some(quotas) = self.quotas {
+            quotas.clear();
+        }
+    }
+}
+
+/// The effects of loading from disk: nothing is written or woken, only the scopes'
+/// order is kept (`store.max_entries_per_scope`).
+struct Bookkeeping<'a>(Option<&'a Quotas>);
+
+impl Effects for Bookkeeping<'_> {
+    fn put(&mut self, _: &ScopedKey, _: &Record, _: u64, _: Option<&ScopeId>) -> u64 {
+        0
+    }
+
+    fn remove(&mut self, _: &ScopedKey) -> u64 {
+        0
+    }
+
+    fn saw(&mut self, _: u64) {}
+
+    fn changed(&mut self, _: &ScopedKey) {}
+
+    fn joined(&mut self, scope: &ScopeId, key: &ScopedKey) -> Option<u64> {
+        Some(self.0?.joined(scope, key))
+    }
+
+    fn left(&mut self, scope: &ScopeId, place: u64) {
+        if let Some(quotas) = self.0 {
+            quotas.left(scope, place);
+        }
+    }
+}
+
+/// What running a rule did besides its outcome.
+#[derive(Debug, Default)]
+struct Ran {
+    /// The ticket to settle before answering.
+    ticket: u64,
+    /// Live records evicted: `[full, scope_quota]`.
+    evicted: [u64; 2],
+    /// A scope that gained a completed record, whose quota to check.
+    joined: Option<ScopeId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// The effects of a rule on a shard: changes go to the durability, wake-ups to the
-/// shard's waiters.
+/// shard's waiters, scopes' records to the quotas.
 struct Fx<'a, D> {
     durability: &'a D,
     watchers: &'a WaiterMap,
-    ticket: u64,
-    evicted: u64,
+    quotas: Option<&'a Quotas>,
+    ran: Ran,
 }
 
 impl<D: Durability> Effects for Fx<'_, D> {
-    fn put(&mut self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64 {
-        self.durability.put(key, record, expires_ms)
+    fn put(
+        &mut self,
+        key: &ScopedKey,
+        record: &Record,
+        expires_ms: u64,
+        scope: Option<&ScopeId>,
+    ) -> u64 {
+        self.durability.put(key, record, expires_ms, scope)
     }
 
     fn remove(&mut self, key: &ScopedKey) -> u64 {
@@ -271,15 +414,30 @@ impl<D: Durability> Effects for Fx<'_, D> {
     }
 
     fn saw(&mut self, ticket: u64) {
-        self.ticket = self.ticket.max(ticket);
+        self.ran.ticket = self.ran.ticket.max(ticket);
     }
 
     fn changed(&mut self, key: &ScopedKey) {
         self.watchers.wake(key);
     }
 
-    fn evicted(&mut self) {
-        self.evicted += 1;
+    fn evicted(&mut self, why: Eviction) {
+        self.ran.evicted[match why {
+            Eviction::Full => 0,
+            Eviction::ScopeQuota => 1,
+        }] += 1;
+    }
+
+    fn joined(&mut self, scope: &ScopeId, key: &ScopedKey) -> Option<u64> {
+        let place = self.quotas?.joined(scope, key);
+        self.ran.joined = Some(*scope);
+        Some(place)
+    }
+
+    fn left(&mut self, scope: &ScopeId, place: u64) {
+        if let Some(quotas) = self.quotas {
+            quotas.left(scope, place);
+        }
     }
 }
 
@@ -333,22 +491,22 @@ impl<'a> Shard<'a> {
 }
 
 impl Shard<'_> {
-    /// Runs a rule on this shard; returns its outcome, the ticket to settle and how many
-    /// live records it evicted.
+    /// Runs a rule on this shard; returns its outcome and what else it did.
     fn run<T, D: Durability>(
         &mut self,
         durability: &D,
+        quotas: Option<&Quotas>,
         rule: impl FnOnce(&mut Index, &mut Fx<'_, D>) -> T,
-    ) -> (T, u64, u64) {
+    ) -> (T, Ran) {
         let Inner { index, watchers } = &mut *self.inner;
         let mut fx = Fx {
             durability,
             watchers,
-            ticket: 0,
-            evicted: 0,
+            quotas,
+            ran: Ran::default(),
         };
         let out = rule(index, &mut fx);
-        (out, fx.ticket, fx.evicted)
+        (out, fx.ran)
     }
 }
 
@@ -454,8 +612,10 @@ impl<C: Clock, D: Durability> MemoryStore<C, D> {
     pub(crate) fn register_shared_metrics(&self, registry: &mut Registry, kind: &str) {
         registry.register(
             "idemgate_store_evictions",
-            format!("Completed records evicted before their ttl because the {kind} store was full"),
-            self.evictions.clone(),
+            format!(
+                "Completed records of the {kind} store evicted before their ttl, by reason: full (store.max_entries reached), scope_quota (their scope held store.max_entries_per_scope)"
+            ),
+            self.evictions_family.clone(),
         );
         registry.register(
             "idemgate_store_entries",

@@ -6,11 +6,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::idempotency::{Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{
+    Completed, Fingerprint, InFlight, OwnerToken, Record, ScopeId, ScopedKey,
+};
 
 mod clock;
 pub mod file;
 mod memory;
+mod quota;
 mod redis;
 mod rules;
 mod seal;
@@ -29,6 +32,9 @@ pub use waiters::{KeyWatch, Registry, WaiterMap};
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest {
     pub key: ScopedKey,
+    /// The scope the key belongs to, kept beside its record by the embedded stores for
+    /// `store.max_entries_per_scope` (docs/behaviour.md §17); `None` without a quota.
+    pub scope: Option<ScopeId>,
     pub fingerprint: Fingerprint,
     /// The caller makes the token, so tests can choose it.
     pub token: OwnerToken,

@@ -17,13 +17,28 @@ use std::time::Duration;
 
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
+
+/// Why a live completed record was evicted before its ttl.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Eviction {
+    /// `store.max_entries` was reached.
+    Full,
+    /// Its scope held `store.max_entries_per_scope` records (docs/behaviour.md §17).
+    ScopeQuota,
+}
 
 /// What a rule changed, for the store to make durable and to wake waiters by.
 pub(crate) trait Effects {
-    /// `key` now holds `record` until `expires_ms`. Returns the ticket of the change:
-    /// whoever answers from this state waits until that ticket is durable.
-    fn put(&mut self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64;
+    /// `key` now holds `record` until `expires_ms`, in `scope`. Returns the ticket of the
+    /// change: whoever answers from this state waits until that ticket is durable.
+    fn put(
+        &mut self,
+        key: &ScopedKey,
+        record: &Record,
+        expires_ms: u64,
+        scope: Option<&ScopeId>,
+    ) -> u64;
     /// `key` holds nothing any more (released, purged, expired, evicted).
     fn remove(&mut self, key: &ScopedKey) -> u64;
     /// The answer given depends on the state written under `ticket`.
@@ -31,7 +46,14 @@ pub(crate) trait Effects {
     /// Wakes whoever waits for `key`'s marker to change.
     fn changed(&mut self, key: &ScopedKey);
     /// A live completed record was evicted to make room.
-    fn evicted(&mut self) {}
+    fn evicted(&mut self, _why: Eviction) {}
+    /// A completed record of `scope` is now under `key`: its place in the scope's
+    /// eviction order (`store.max_entries_per_scope`), or `None` without a quota.
+    fn joined(&mut self, _scope: &ScopeId, _key: &ScopedKey) -> Option<u64> {
+        None
+    }
+    /// The completed record that had `place` in `scope`'s order is gone.
+    fn left(&mut self, _scope: &ScopeId, _place: u64) {}
 }
 
 /// One key's state.
@@ -43,6 +65,10 @@ pub(crate) struct Slot {
     seq: Option<u64>,
     /// The ticket of the change that wrote this state.
     ticket: u64,
+    /// The scope of the request that claimed the key (docs/behaviour.md §17).
+    pub(crate) scope: Option<ScopeId>,
+    /// A completed record's place in its scope's order, when a quota is kept.
+    place: Option<u64>,
 }
 
 /// One shard of records and the rules that change them.
@@ -122,16 +148,24 @@ impl Index {
         markers.chain(completed)
     }
 
-    /// Puts `record` under `key` as read back from disk: no effects, no rules.
-    pub(crate) fn load(&mut self, key: ScopedKey, record: Record, expires_ms: u64) {
-        self.unload(&key);
-        self.insert(key, record, expires_ms, 0);
+    /// Puts `record` under `key` as read back from disk: no rules, and no effects but
+    /// the scope's bookkeeping.
+    pub(crate) fn load(
+        &mut self,
+        key: ScopedKey,
+        record: Record,
+        expires_ms: u64,
+        scope: Option<ScopeId>,
+        fx: &mut impl Effects,
+    ) {
+        self.unload(&key, fx);
+        self.insert(key, record, expires_ms, 0, scope, fx);
     }
 
     /// Removes `key` as read back from disk.
-    pub(crate) fn unload(&mut self, key: &ScopedKey) {
+    pub(crate) fn unload(&mut self, key: &ScopedKey, fx: &mut impl Effects) {
         if let Some(old) = self.map.remove(key) {
-            self.forget(&old);
+            self.forget(&old, fx);
         }
     }
 
@@ -170,6 +204,7 @@ impl Index {
             req.key,
             Record::InFlight(req.marker(now)),
             now + millis(req.marker_ttl()),
+            req.scope,
             fx,
         );
         Ok(Claim::Acquired(req.lease(now)))
@@ -186,7 +221,7 @@ impl Index {
         now: u64,
         fx: &mut impl Effects,
     ) -> Fenced {
-        if self.owned(&lease.key, lease.token, now).is_none() {
+        let Some(marker) = self.owned(&lease.key, lease.token, now) else {
             // Repeating a completion that already landed is done, as on every store.
             return match self.map.get(&lease.key) {
                 Some(Slot {
@@ -200,8 +235,15 @@ impl Index {
                 }
                 _ => Fenced::LeaseLost,
             };
-        }
-        self.put(lease.key, Record::Completed(compact), now + millis(ttl), fx);
+        };
+        let scope = marker.scope;
+        self.put(
+            lease.key,
+            Record::Completed(compact),
+            now + millis(ttl),
+            scope,
+            fx,
+        );
         fx.changed(&lease.key);
         Fenced::Done
     }
@@ -230,7 +272,12 @@ impl Index {
             m.lease_deadline_ms = deadline;
         }
         slot.expires_ms = slot.expires_ms.max(deadline);
-        slot.ticket = fx.put(&lease.key, &slot.record, slot.expires_ms);
+        slot.ticket = fx.put(
+            &lease.key,
+            &slot.record,
+            slot.expires_ms,
+            slot.scope.as_ref(),
+        );
         fx.saw(slot.ticket);
         Fenced::Done
     }
@@ -252,6 +299,7 @@ impl Index {
             req.key,
             Record::InFlight(req.marker(now)),
             now + millis(req.marker_ttl()),
+            req.scope,
             fx,
         );
         fx.changed(&req.key);
@@ -319,13 +367,16 @@ impl Index {
                 return true;
             }
             freed += size(&slot.record);
-            gone.push(*key);
+            gone.push((*key, slot.scope.zip(slot.place)));
             false
         });
         self.bytes -= freed;
         self.markers_expire_from = markers_from;
         self.expire_from = from;
-        for key in &gone {
+        for (key, placed) in &gone {
+            if let Some((scope, place)) = placed {
+                fx.left(scope, *place);
+            }
             self.removed = fx.remove(key);
             fx.changed(key);
         }
@@ -354,7 +405,7 @@ impl Index {
                     && slot.seq == Some(seq)
                 {
                     if slot.expires_ms > now {
-                        fx.evicted();
+                        fx.evicted(Eviction::Full);
                     }
                     self.remove(&key, fx);
                 }
@@ -372,18 +423,59 @@ impl Index {
         Ok(())
     }
 
-    /// Writes `key`'s new state through `fx`.
-    fn put(&mut self, key: ScopedKey, record: Record, expires_ms: u64, fx: &mut impl Effects) {
-        let ticket = fx.put(&key, &record, expires_ms);
-        fx.saw(ticket);
-        if let Some(old) = self.map.remove(&key) {
-            self.forget(&old);
+    /// Evicts the record that had `place` in its scope's order, if `key` still holds it:
+    /// its scope is over `store.max_entries_per_scope` (docs/behaviour.md §17).
+    pub(crate) fn evict_placed(
+        &mut self,
+        key: &ScopedKey,
+        place: u64,
+        now: u64,
+        fx: &mut impl Effects,
+    ) {
+        let Some(slot) = self.map.get(key) else {
+            return;
+        };
+        if slot.place != Some(place) {
+            return;
         }
-        self.insert(key, record, expires_ms, ticket);
+        if slot.expires_ms > now {
+            fx.evicted(Eviction::ScopeQuota);
+        }
+        self.remove(key, fx);
     }
 
-    fn insert(&mut self, key: ScopedKey, record: Record, expires_ms: u64, ticket: u64) {
-        let seq = matches!(record, Record::Completed(_)).then(|| {
+    /// Writes `key`'s new state through `fx`.
+    fn put(
+        &mut self,
+        key: ScopedKey,
+        record: Record,
+        expires_ms: u64,
+        scope: Option<ScopeId>,
+        fx: &mut impl Effects,
+    ) {
+        let ticket = fx.put(&key, &record, expires_ms, scope.as_ref());
+        fx.saw(ticket);
+        if let Some(old) = self.map.remove(&key) {
+            self.forget(&old, fx);
+        }
+        self.insert(key, record, expires_ms, ticket, scope, fx);
+    }
+
+    fn insert(
+        &mut self,
+        key: ScopedKey,
+        record: Record,
+        expires_ms: u64,
+        ticket: u64,
+        scope: Option<ScopeId>,
+        fx: &mut impl Effects,
+    ) {
+        let completed = matches!(record, Record::Completed(_));
+        let place = scope
+            .as_ref()
+            .filter(|_| completed)
+            .and_then(|scope| fx.joined(scope, &key));
+        let seq = completed.then(|| {
             let seq = self.next_seq;
             self.next_seq += 1;
             self.enqueue(seq, key);
@@ -401,18 +493,23 @@ impl Index {
                 expires_ms,
                 seq,
                 ticket,
+                scope,
+                place,
             },
         );
     }
 
-    fn forget(&mut self, old: &Slot) {
+    fn forget(&mut self, old: &Slot, fx: &mut impl Effects) {
         self.bytes -= size(&old.record);
+        if let (Some(scope), Some(place)) = (&old.scope, old.place) {
+            fx.left(scope, place);
+        }
     }
 
     /// Removes what is under `key`, waking its waiters (an expiry, an eviction).
     fn remove(&mut self, key: &ScopedKey, fx: &mut impl Effects) {
         if let Some(old) = self.map.remove(key) {
-            self.forget(&old);
+            self.forget(&old, fx);
             self.removed = fx.remove(key);
             fx.saw(self.removed);
             fx.changed(key);

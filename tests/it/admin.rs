@@ -91,7 +91,8 @@ async fn metrics_count_outcomes_and_time_the_store_and_upstream() {
         "idemgate_upstream_duration_seconds_count 2",
         "idemgate_in_flight 0",
         "idemgate_store_entries 1",
-        "idemgate_store_evictions_total 0",
+        "idemgate_store_evictions_total{reason=\"full\"} 0",
+        "idemgate_store_evictions_total{reason=\"scope_quota\"} 0",
     ] {
         assert!(text.contains(line), "missing `{line}` in:\n{text}");
     }

@@ -70,7 +70,8 @@ async fn a_completed_key_replays_after_a_restart_and_readyz_and_metrics_report_t
         "idemgate_store_flush_seconds_count ",
         "idemgate_store_flushes_total ",
         "idemgate_store_disk_bytes ",
-        "idemgate_store_evictions_total 0",
+        "idemgate_store_evictions_total{reason=\"full\"} 0",
+        "idemgate_store_evictions_total{reason=\"scope_quota\"} 0",
     ] {
         assert!(metrics.contains(line), "no {line:?} in:\n{metrics}");
     }

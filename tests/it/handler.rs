@@ -101,6 +101,7 @@ async fn marker(
 ) -> idemgate::store::Lease {
     let claim = ClaimRequest {
         key,
+        scope: None,
         fingerprint,
         token: OwnerToken::random(),
         lease,

@@ -37,6 +37,7 @@ async fn crashed_owner<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) {
     let policy = &proxy.state.config.idempotency;
     let claim = ClaimRequest {
         key: ScopedKey::new(&headers, &policy.scope_headers, &key),
+        scope: None,
         fingerprint: Fingerprint::new(
             &http::Method::POST,
             path,

@@ -42,6 +42,7 @@ mod redis_support;
 mod reload;
 mod replay;
 mod replication;
+mod scope_quota;
 mod seams;
 mod sentinel;
 mod store_contract;

@@ -32,6 +32,7 @@ fn key(n: u8) -> ScopedKey {
 fn req(n: u8) -> ClaimRequest {
     ClaimRequest {
         key: key(n),
+        scope: None,
         fingerprint: Fingerprint::from_bytes([1; 32]),
         token: OwnerToken::random(),
         lease: Duration::from_secs(30),

@@ -41,6 +41,7 @@ fn store(url: &str) -> RedisStore {
 fn req() -> ClaimRequest {
     ClaimRequest {
         key: ScopedKey::from_bytes([3; 32]),
+        scope: None,
         fingerprint: Fingerprint::from_bytes([1; 32]),
         token: OwnerToken::random(),
         lease: Duration::from_secs(30),

@@ -40,6 +40,7 @@ fn key(round: u32) -> ScopedKey {
 fn req(key: ScopedKey) -> ClaimRequest {
     ClaimRequest {
         key,
+        scope: None,
         fingerprint: Fingerprint::from_bytes([1; 32]),
         token: OwnerToken::random(),
         lease: LEASE,

@@ -28,6 +28,7 @@ trait Harness {
     fn req(&self, k: u8, token: OwnerToken) -> ClaimRequest {
         ClaimRequest {
             key: key(k),
+            scope: None,
             fingerprint: fp(1),
             token,
             lease: self.lease(),
@@ -540,6 +541,7 @@ mod file_harness {
             path: dir.path().join("store"),
             fsync: true,
             max_entries: 1000,
+            max_entries_per_scope: None,
         })
         .expect("open the file store");
         File {
@@ -640,6 +642,7 @@ mod memory_bounds {
             bytes[..8].copy_from_slice(&(i as u64).to_le_bytes());
             let req = ClaimRequest {
                 key: ScopedKey::from_bytes(bytes),
+                scope: None,
                 fingerprint: fp(1),
                 token: OwnerToken::random(),
                 lease: LEASE,

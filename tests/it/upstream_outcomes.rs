@@ -97,6 +97,7 @@ async fn an_expired_marker_becomes_a_recorded_outcome_unknown() {
     );
     let claim = ClaimRequest {
         key: scoped,
+        scope: None,
         fingerprint: fp,
         token: OwnerToken::random(),
         lease: Duration::ZERO,

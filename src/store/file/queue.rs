@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::journal::{self, Entry};
 use super::unavailable;
-use crate::idempotency::{Record, ScopedKey};
+use crate::idempotency::{Record, ScopeId, ScopedKey};
 use crate::store::{Durability, StoreError};
 
 /// Failed ranges remembered; a ticket older than all of them that may have failed is
@@ -282,9 +282,15 @@ impl Queue {
 pub struct Journaled(pub(super) Arc<Queue>);
 
 impl Durability for Journaled {
-    fn put(&self, key: &ScopedKey, record: &Record, expires_ms: u64) -> u64 {
+    fn put(
+        &self,
+        key: &ScopedKey,
+        record: &Record,
+        expires_ms: u64,
+        scope: Option<&ScopeId>,
+    ) -> u64 {
         self.0
-            .push(|buf| journal::encode_put(key, expires_ms, record, buf))
+            .push(|buf| journal::encode_put(key, expires_ms, record, scope, buf))
     }
 
     fn remove(&self, key: &ScopedKey) -> u64 {

@@ -25,6 +25,7 @@ fn key(n: u32) -> ScopedKey {
 fn req(k: u32) -> ClaimRequest {
     ClaimRequest {
         key: key(k),
+        scope: None,
         fingerprint: Fingerprint::from_bytes([1; 32]),
         token: OwnerToken::random(),
         lease: LEASE,
@@ -46,6 +47,7 @@ fn options(dir: &Path, max_entries: usize) -> FileOptions {
         path: dir.join("store"),
         fsync: true,
         max_entries,
+        max_entries_per_scope: None,
     }
 }
 
@@ -370,6 +372,7 @@ async fn a_path_that_cannot_be_created_is_refused() {
         path: path.clone(),
         fsync: true,
         max_entries: 10,
+        max_entries_per_scope: None,
     })
     .expect_err("refused");
     assert!(matches!(err, OpenError::Create { .. }), "{err:?}");

@@ -244,8 +244,8 @@ impl<C: Clock> Writer<C> {
             .name("idemgate-file-compact".to_owned())
             .spawn(move || {
                 let mut live = Vec::new();
-                core.for_each_live(now, |key, record, expires_ms| {
-                    journal::encode_put(key, expires_ms, record, &mut live);
+                core.for_each_live(now, |key, record, expires_ms, scope| {
+                    journal::encode_put(key, expires_ms, record, scope, &mut live);
                 });
                 journal::stage(&dir, &live)
             });

@@ -22,6 +22,7 @@ fn key(n: u8) -> ScopedKey {
 fn req(k: u8) -> ClaimRequest {
     ClaimRequest {
         key: key(k),
+        scope: None,
         fingerprint: Fingerprint::from_bytes([1; 32]),
         token: OwnerToken::random(),
         lease: LEASE,

@@ -57,7 +57,8 @@ impl Proxy<MemoryStore> {
     }
 
     pub async fn with_config(config: Config) -> Proxy {
-        let store = MemoryStore::new(config.store.max_entries);
+        let store = MemoryStore::new(config.store.max_entries)
+            .with_scope_quota(config.store.max_entries_per_scope);
         Proxy::with_store(config, store).await
     }
 }

@@ -3,12 +3,16 @@
 
 use std::ops::Range;
 
-use crate::idempotency::{Record, ScopedKey};
+use crate::idempotency::{Record, ScopeId, ScopedKey};
 
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
+/// A put with the scope of its request (docs/behaviour.md §17), which
+/// `store.max_entries_per_scope` counts records by: `PUT`'s layout with the 16-byte
+/// scope after the key.
+const PUT_SCOPED: u8 = 3;
 const KEY_END: usize = 1 + 32;
-const PUT_HEAD: usize = KEY_END + 8 + 4;
+const SCOPE_LEN: usize = 16;
 
 /// One change as the journal stores it: a key's whole new state, or its removal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +21,7 @@ pub(in crate::store::file) enum Entry<'a> {
         key: ScopedKey,
         expires_ms: u64,
         record: &'a [u8],
+        scope: Option<ScopeId>,
     },
     Remove {
         key: ScopedKey,
@@ -30,12 +35,12 @@ pub(in crate::store::file) fn encode(entry: &Entry<'_>, buf: &mut Vec<u8>) {
             key,
             expires_ms,
             record,
+            scope,
         } => {
             let record_len = u32::try_from(record.len())
                 .expect("a record is far below 4 GiB: a body is kept only up to max_response_body");
-            buf.reserve(PUT_HEAD + record.len());
-            buf.push(PUT);
-            buf.extend_from_slice(key.as_bytes());
+            buf.reserve(KEY_END + SCOPE_LEN + 12 + record.len());
+            put_head(buf, &key, scope.as_ref());
             buf.extend_from_slice(&expires_ms.to_be_bytes());
             buf.extend_from_slice(&record_len.to_be_bytes());
             buf.extend_from_slice(record);
@@ -54,10 +59,10 @@ pub(in crate::store::file) fn encode_put(
     key: &ScopedKey,
     expires_ms: u64,
     record: &Record,
+    scope: Option<&ScopeId>,
     buf: &mut Vec<u8>,
 ) {
-    buf.push(PUT);
-    buf.extend_from_slice(key.as_bytes());
+    put_head(buf, key, scope);
     buf.extend_from_slice(&expires_ms.to_be_bytes());
     let len_at = buf.len();
     buf.extend_from_slice(&[0; 4]);
@@ -65,6 +70,15 @@ pub(in crate::store::file) fn encode_put(
     let record_len = u32::try_from(buf.len() - len_at - 4)
         .expect("a record is far below 4 GiB: a body is kept only up to max_response_body");
     buf[len_at..len_at + 4].copy_from_slice(&record_len.to_be_bytes());
+}
+
+/// A put's tag, key and, when it has one, scope.
+fn put_head(buf: &mut Vec<u8>, key: &ScopedKey, scope: Option<&ScopeId>) {
+    buf.push(if scope.is_some() { PUT_SCOPED } else { PUT });
+    buf.extend_from_slice(key.as_bytes());
+    if let Some(scope) = scope {
+        buf.extend_from_slice(scope.as_bytes());
+    }
 }
 
 /// The entries of a payload in order, each with its byte range in the payload; an entry
@@ -83,7 +97,7 @@ impl<'a> Entries<'a> {
         let bytes = self.bytes.get(self.at..).unwrap_or_default();
         let truncated = |what: &str| format!("the entry ends inside its {what}");
         let tag = match bytes.first() {
-            Some(&tag) if tag == PUT || tag == REMOVE => tag,
+            Some(&tag) if tag == PUT || tag == REMOVE || tag == PUT_SCOPED => tag,
             Some(tag) => return Err(format!("unknown entry tag {tag}")),
             None => return Err(truncated("tag")),
         };
@@ -96,25 +110,33 @@ impl<'a> Entries<'a> {
             REMOVE => Ok((Entry::Remove { key }, KEY_END)),
             _ => {
                 let field = |range: Range<usize>| bytes.get(range).ok_or_else(|| truncated("head"));
-                let expires: [u8; 8] = field(KEY_END..KEY_END + 8)?
+                let (scope, at) = if tag == PUT_SCOPED {
+                    let scope: [u8; SCOPE_LEN] = field(KEY_END..KEY_END + SCOPE_LEN)?
+                        .try_into()
+                        .map_err(|_| truncated("scope"))?;
+                    (Some(ScopeId::from_bytes(scope)), KEY_END + SCOPE_LEN)
+                } else {
+                    (None, KEY_END)
+                };
+                let expires: [u8; 8] = field(at..at + 8)?
                     .try_into()
                     .map_err(|_| truncated("expiry"))?;
-                let record_len: [u8; 4] = field(KEY_END + 8..PUT_HEAD)?
+                let record_len: [u8; 4] = field(at + 8..at + 12)?
                     .try_into()
                     .map_err(|_| truncated("record length"))?;
+                let head = at + 12;
                 let end = usize::try_from(u32::from_be_bytes(record_len))
                     .ok()
-                    .and_then(|len| PUT_HEAD.checked_add(len))
+                    .and_then(|len| head.checked_add(len))
                     .ok_or_else(|| truncated("record"))?;
-                let record = bytes
-                    .get(PUT_HEAD..end)
-                    .ok_or_else(|| truncated("record"))?;
+                let record = bytes.get(head..end).ok_or_else(|| truncated("record"))?;
                 let expires_ms = u64::from_be_bytes(expires);
                 Ok((
                     Entry::Put {
                         key,
                         expires_ms,
                         record,
+                        scope,
                     },
                     end,
                 ))

@@ -9,7 +9,7 @@ mod dir_rules;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Owned {
-    Put([u8; 32], u64, Vec<u8>),
+    Put([u8; 32], u64, Vec<u8>, Option<[u8; 16]>),
     Remove([u8; 32]),
 }
 
@@ -19,13 +19,24 @@ fn own(entry: Entry<'_>) -> Owned {
             key,
             expires_ms,
             record,
-        } => Owned::Put(*key.as_bytes(), expires_ms, record.to_vec()),
+            scope,
+        } => Owned::Put(
+            *key.as_bytes(),
+            expires_ms,
+            record.to_vec(),
+            scope.map(|s| *s.as_bytes()),
+        ),
         Entry::Remove { key } => Owned::Remove(*key.as_bytes()),
     }
 }
 
 fn put(key: u8, expires_ms: u64, record: &[u8]) -> Owned {
-    Owned::Put([key; 32], expires_ms, record.to_vec())
+    Owned::Put([key; 32], expires_ms, record.to_vec(), None)
+}
+
+/// A put of a record with its request's scope (`store.max_entries_per_scope`).
+fn put_scoped(key: u8, expires_ms: u64, record: &[u8], scope: u8) -> Owned {
+    Owned::Put([key; 32], expires_ms, record.to_vec(), Some([scope; 16]))
 }
 
 fn remove(key: u8) -> Owned {
@@ -36,10 +47,11 @@ fn enc(entries: &[Owned]) -> Vec<u8> {
     let mut buf = Vec::new();
     for entry in entries {
         let entry = match entry {
-            Owned::Put(key, expires_ms, record) => Entry::Put {
+            Owned::Put(key, expires_ms, record, scope) => Entry::Put {
                 key: ScopedKey::from_bytes(*key),
                 expires_ms: *expires_ms,
                 record,
+                scope: scope.map(crate::idempotency::ScopeId::from_bytes),
             },
             Owned::Remove(key) => Entry::Remove {
                 key: ScopedKey::from_bytes(*key),
@@ -154,6 +166,7 @@ fn round_trip_in_order_with_empty_and_large_records() {
         vec![put(1, 1, b""), remove(2)],
         vec![put(3, u64::MAX, &large)],
         vec![put(4, 4, b"four"), put(1, 5, b"again"), remove(4)],
+        vec![put_scoped(6, 6, b"scoped", 7), put(6, 7, b"unscoped")],
     ];
     let (mut journal, _) = open_ok(dir.path());
     for entries in &frames {
@@ -540,10 +553,14 @@ fn a_put_encoded_from_a_record_is_the_put_of_its_encoding() {
         )],
         StoredBody::Stored(bytes::Bytes::from_static(b"{\"id\":1}")),
     )));
-    for record in [marker, completed] {
+    let scope = crate::idempotency::ScopeId::from_bytes([5; 16]);
+    for (record, scope) in [marker, completed]
+        .into_iter()
+        .flat_map(|r| [(r.clone(), None), (r, Some(scope))])
+    {
         let key = ScopedKey::from_bytes([9; 32]);
         let mut direct = vec![0xAB];
-        encode_put(&key, 1234, &record, &mut direct);
+        encode_put(&key, 1234, &record, scope.as_ref(), &mut direct);
         let mut via = vec![0xAB];
         let bytes = record.encode();
         encode(
@@ -551,6 +568,7 @@ fn a_put_encoded_from_a_record_is_the_put_of_its_encoding() {
                 key,
                 expires_ms: 1234,
                 record: &bytes,
+                scope,
             },
             &mut via,
         );
