@@ -32,15 +32,18 @@ use super::render::{
     choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
     size, statuses, strings,
 };
+use super::scope_principal::{self, RawScopePrincipal};
 use super::values::{
     CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Pick, Pointer, Raw, Size,
     Status,
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+use crate::idempotency::key::ByPrincipal;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
 use crate::idempotency::{IdempotencyKey, Scope, ScopedKey};
+use crate::principal::{Principal, ScopePrincipal};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -190,6 +193,14 @@ policy_keys! {
             from Vec<Header>, show headers;
         /// Cookies whose values scope the key too, for APIs that authenticate by cookie.
         scope_cookies: Vec<String> = Vec::new(), from Vec<CookieName>, show strings;
+        /// Who the caller is, verified (docs/behaviour.md §22): when set, it scopes the
+        /// key in place of `authorization` and of the header it reads, so that a
+        /// refreshed token keeps the scope.
+        scope_principal: Option<ScopePrincipal> = None,
+            from RawScopePrincipal, show scope_principal::show;
+        /// Whether a guarded request without a credential is refused
+        /// (`401 missing-credentials`) rather than scoped as anonymous.
+        require_principal: bool = false, from Flag, show flag;
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
             from Vec<Header>, show headers;
@@ -256,7 +267,15 @@ impl Policy {
     /// printed in the short form, `header: X`, as the default is written
     /// (docs/behaviour.md §6).
     pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
-        let keys = self.keys_to_mapping(base);
+        let mut keys = self.keys_to_mapping(base);
+        // Unset is written by leaving the key out (`null` is refused, as for any key);
+        // a route cannot unset what it inherits, so this loses nothing.
+        if keys
+            .get("scope_principal")
+            .is_some_and(serde_yaml::Value::is_null)
+        {
+            keys.remove("scope_principal");
+        }
         let [KeySource::Header(name)] = self.key_from.as_slice() else {
             return keys;
         };
@@ -280,36 +299,49 @@ impl Policy {
     }
 
     /// The record address of `key`, given by `source`, in a request with `headers`
-    /// (docs/behaviour.md §3, §9): the one function the proxy and `idemgate key` address
-    /// records with.
+    /// and, under `scope_principal`, the verified `principal` (`None`: anonymous)
+    /// (docs/behaviour.md §3, §9, §22): the one function the proxy and `idemgate key`
+    /// address records with.
     pub fn address(
         &self,
         headers: &HeaderMap,
+        principal: Option<&Principal>,
         source: &KeySource,
         key: &IdempotencyKey,
     ) -> ScopedKey {
-        ScopedKey::scoped_in_parts(headers, self.scope(), source.label_parts(), key)
+        ScopedKey::scoped_in_parts(headers, self.scope(principal), source.label_parts(), key)
     }
 
-    /// Whether a request with `headers` carries a scope value that tells its client
-    /// apart ([`Scope::identifies`]); without one, a `fingerprint` key is not used.
-    pub fn identifies(&self, headers: &HeaderMap) -> bool {
-        self.scope().identifies(headers)
+    /// Whether a request with `headers` (and `principal`) carries a scope value that
+    /// tells its client apart ([`Scope::identifies`]); without one, a `fingerprint` key
+    /// is not used.
+    pub fn identifies(&self, headers: &HeaderMap, principal: Option<&Principal>) -> bool {
+        self.scope(principal).identifies(headers)
     }
 
-    fn scope(&self) -> Scope<'_> {
+    fn scope<'a>(&'a self, principal: Option<&'a Principal>) -> Scope<'a> {
         Scope {
             headers: &self.scope_headers,
             cookies: &self.scope_cookies,
+            principal: self.scope_principal.as_ref().map(|source| ByPrincipal {
+                replaces: source.header(),
+                principal: principal.map(Principal::as_bytes),
+            }),
         }
     }
 
     /// Whether every request gets the same record address under `self` as under
-    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, and the
-    /// scope headers and cookies, in order, as they are hashed) are the same. A
+    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, the
+    /// scope headers and cookies, in order, as they are hashed, and the principal's
+    /// source) are the same. A
     /// `fingerprint` window changes how long a record is kept, not where.
     pub fn same_addresses(&self, other: &Policy) -> bool {
-        self.scope_headers == other.scope_headers
+        let principals = match (&self.scope_principal, &other.scope_principal) {
+            (Some(a), Some(b)) => a.same_principals(b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        principals
+            && self.scope_headers == other.scope_headers
             && self.scope_cookies == other.scope_cookies
             && self
                 .key_from

@@ -125,11 +125,44 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
 pub struct ScopedKey([u8; 32]);
 
 /// What scopes a key besides the key itself: a policy's `scope_headers` and
-/// `scope_cookies` (docs/behaviour.md §3, §15).
+/// `scope_cookies` (docs/behaviour.md §3, §15), and its verified principal
+/// (docs/behaviour.md §22).
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     pub headers: &'a [HeaderName],
     pub cookies: &'a [String],
+    /// Set when the policy scopes by who the caller is.
+    pub principal: Option<ByPrincipal<'a>>,
+}
+
+/// A scope by principal: the principal's bytes (`None` for a request without a
+/// credential, the anonymous scope) replace `Authorization` and the header the
+/// credential was read from, which a refreshed token changes.
+#[derive(Clone, Copy)]
+pub struct ByPrincipal<'a> {
+    pub replaces: &'a HeaderName,
+    pub principal: Option<&'a [u8]>,
+}
+
+/// The principal is never printed.
+impl std::fmt::Debug for ByPrincipal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByPrincipal")
+            .field("replaces", self.replaces)
+            .field("principal", &self.principal.map(|_| ".."))
+            .finish()
+    }
+}
+
+impl Scope<'_> {
+    /// The scope headers that enter the hash: under a principal, neither
+    /// `Authorization` nor the header the principal replaces.
+    fn hashed_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        let replaced = self.principal.map(|by| by.replaces);
+        self.headers.iter().filter(move |name| {
+            replaced.is_none_or(|replaced| **name != AUTHORIZATION && *name != replaced)
+        })
+    }
 }
 
 impl Scope<'_> {
@@ -138,7 +171,10 @@ impl Scope<'_> {
     /// the anonymous scope with every other such request, where a `fingerprint` key
     /// source must not deduplicate: two tenants' identical requests would be one.
     pub fn identifies(&self, headers: &HeaderMap) -> bool {
-        self.headers.iter().any(|name| {
+        if self.principal.is_some_and(|by| by.principal.is_some()) {
+            return true;
+        }
+        self.hashed_headers().any(|name| {
             headers
                 .get_all(name)
                 .iter()
@@ -163,6 +199,7 @@ impl ScopedKey {
         let scope = Scope {
             headers: scope_headers,
             cookies: &[],
+            principal: None,
         };
         Self::scoped(headers, scope, DEFAULT_SOURCE, key)
     }
@@ -172,7 +209,8 @@ impl ScopedKey {
     /// different inputs (`a:b`+`c` versus `a`+`b:c`, absent versus empty) hash alike.
     /// The scheme of an `Authorization` value is compared case-insensitively. Cookies
     /// enter the hash only when the policy names some, so that adding `scope_cookies`
-    /// to a policy moves no other policy's records. `source` is the label of the key's
+    /// to a policy moves no other policy's records; so does the principal, for policies
+    /// that scope by one. `source` is the label of the key's
     /// source (`KeySource::label`), so that the same string from two sources names two
     /// keys.
     pub fn scoped(
@@ -194,7 +232,7 @@ impl ScopedKey {
     ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-scope-v1");
-        for name in scope.headers {
+        for name in scope.hashed_headers() {
             if *name == AUTHORIZATION {
                 hash_authorization(&mut hash, headers);
             } else {
@@ -207,6 +245,19 @@ impl ScopedKey {
             hash.update(b"cookies");
             for name in scope.cookies {
                 hash_cookie(&mut hash, headers, name);
+            }
+        }
+        if let Some(by) = scope.principal {
+            // Like the cookie marker, never the first byte of a length prefix: a
+            // principal cannot collide with header or cookie values. Then a count (0 for
+            // the anonymous scope, 1) and the principal, as a cookie is hashed.
+            hash.update(b"principal");
+            match by.principal {
+                Some(principal) => {
+                    hash.update(1u64.to_be_bytes());
+                    hash_field(&mut hash, principal);
+                }
+                None => hash.update(0u64.to_be_bytes()),
             }
         }
         let [kind, name] = source;
@@ -374,6 +425,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &names,
+            principal: None,
         };
         let k = key("k1");
         let a = ScopedKey::scoped(
@@ -408,6 +460,7 @@ mod tests {
         let no_cookies = Scope {
             headers: &[AUTHORIZATION],
             cookies: &[],
+            principal: None,
         };
         assert_eq!(
             ScopedKey::scoped(&plain, no_cookies, DEFAULT_SOURCE, &k),
@@ -424,6 +477,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &names,
+            principal: None,
         };
         let k = key("k1");
         let at = |pairs: &[(&'static str, &'static str)]| {
@@ -475,6 +529,7 @@ mod tests {
         let scope = Scope {
             headers: &tenant,
             cookies: &names,
+            principal: None,
         };
         let identifies = |pairs: &[(&'static str, &'static str)]| scope.identifies(&headers(pairs));
         assert!(identifies(&[("x-api-key", "a")]));
@@ -496,6 +551,7 @@ mod tests {
         let nothing = Scope {
             headers: &[],
             cookies: &[],
+            principal: None,
         };
         assert!(!nothing.identifies(&headers(&[("authorization", "Bearer t")])));
     }
@@ -528,6 +584,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &[],
+            principal: None,
         };
         let at = |source: &str| ScopedKey::scoped(&hs, scope, source, &k);
         let labels = [
