@@ -380,4 +380,62 @@ mod tests {
         let top = base.to_mapping(None);
         assert!(top.contains_key("ttl") && !top.contains_key("enabled"));
     }
+
+    /// Under `scope_principal` the principal replaces `Authorization` and the header it
+    /// was read from, listed or not; other scope headers still apply; without it, the
+    /// address is what it always was.
+    #[test]
+    fn a_principal_replaces_the_credential_headers_in_the_address() {
+        use crate::principal::Principal;
+        let tenant = HeaderName::from_static("x-tenant");
+        let user = HeaderName::from_static("x-user");
+        let plain = Policy {
+            scope_headers: vec![header::AUTHORIZATION, user.clone(), tenant.clone()],
+            ..Policy::default()
+        };
+        let policy = Policy {
+            scope_principal: Some(ScopePrincipal::TrustedHeader(user.clone())),
+            ..plain.clone()
+        };
+        let source = &policy.key_from[0];
+        let key = crate::idempotency::key::parse_value(b"k").expect("key");
+        let headers = |auth: &'static str, tenant_id: &'static str| {
+            let mut map = HeaderMap::new();
+            map.insert(header::AUTHORIZATION, HeaderValue::from_static(auth));
+            map.insert(user.clone(), HeaderValue::from_static("alice"));
+            map.insert(tenant.clone(), HeaderValue::from_static(tenant_id));
+            map
+        };
+        let alice = Principal::of([b"alice".as_slice()]);
+        let bob = Principal::of([b"bob".as_slice()]);
+        let at = |h: &HeaderMap, p: Option<&Principal>| policy.address(h, p, source, &key);
+        let (a, b) = (headers("Bearer t1", "t"), headers("Bearer t2", "t"));
+        assert_eq!(
+            at(&a, Some(&alice)),
+            at(&b, Some(&alice)),
+            "a refresh keeps it"
+        );
+        assert_ne!(at(&a, Some(&alice)), at(&a, Some(&bob)));
+        assert_ne!(
+            at(&a, Some(&alice)),
+            at(&a, None),
+            "anonymous is a scope of its own"
+        );
+        assert_ne!(
+            at(&a, Some(&alice)),
+            at(&headers("Bearer t1", "u"), Some(&alice))
+        );
+        // Without scope_principal, the raw headers scope as before.
+        assert_ne!(
+            plain.address(&a, None, source, &key),
+            plain.address(&b, None, source, &key)
+        );
+        assert_eq!(
+            plain.address(&a, None, source, &key),
+            ScopedKey::new(&a, &plain.scope_headers, &key)
+        );
+        assert!(!plain.same_addresses(&policy));
+        assert!(policy.identifies(&HeaderMap::new(), Some(&alice)));
+        assert!(!policy.identifies(&HeaderMap::new(), None));
+    }
 }

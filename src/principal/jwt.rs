@@ -134,3 +134,175 @@ fn check(
         exp: claims.get("exp").and_then(Value::as_u64),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+    use jsonwebtoken::jwk::JwkSet;
+    use jsonwebtoken::{EncodingKey, Header};
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING as P256, EcdsaKeyPair, KeyPair};
+    use serde_json::json;
+
+    use super::*;
+    use crate::principal::JwtKeys;
+
+    /// A P-256 key: what signs, and its JWK under `kid`.
+    fn p256(kid: &str) -> (EncodingKey, serde_json::Value) {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&P256, &rng).expect("generate");
+        let pair = EcdsaKeyPair::from_pkcs8(&P256, pkcs8.as_ref(), &rng).expect("pair");
+        let point = pair.public_key().as_ref();
+        let jwk = json!({"kty": "EC", "crv": "P-256", "kid": kid,
+                         "x": B64.encode(&point[1..33]), "y": B64.encode(&point[33..])});
+        (EncodingKey::from_ec_der(pkcs8.as_ref()), jwk)
+    }
+
+    fn source(issuer: Option<&str>) -> JwtSource {
+        JwtSource {
+            header: http::header::AUTHORIZATION,
+            claims: vec!["iss".into(), "sub".into()],
+            keys: JwtKeys::Url("https://idp/jwks".parse().expect("uri")),
+            refresh: Duration::from_secs(300),
+            issuer: issuer.map(str::to_owned),
+            audience: None,
+            leeway: Duration::from_secs(60),
+        }
+    }
+
+    fn sign(alg: Algorithm, kid: &str, key: &EncodingKey, claims: &serde_json::Value) -> String {
+        let mut header = Header::new(alg);
+        header.kid = Some(kid.to_owned());
+        jsonwebtoken::encode(&header, claims, key).expect("sign")
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    fn set(jwks: &[serde_json::Value]) -> KeySet {
+        let set: JwkSet = serde_json::from_value(json!({ "keys": jwks })).expect("set");
+        KeySet::new(&set)
+    }
+
+    #[test]
+    fn the_principal_is_the_claims_in_order_whatever_the_token() {
+        let (key, jwk) = p256("a");
+        let keys = set(&[jwk]);
+        let src = source(Some("https://idp"));
+        let claims = |iat: u64| json!({"iss": "https://idp", "sub": "alice", "iat": iat, "exp": now() + 600});
+        let one = verify(
+            &src,
+            &keys,
+            None,
+            &sign(Algorithm::ES256, "a", &key, &claims(1)),
+        );
+        let two = verify(
+            &src,
+            &keys,
+            None,
+            &sign(Algorithm::ES256, "a", &key, &claims(2)),
+        );
+        let (one, two) = (one.expect("valid"), two.expect("valid"));
+        assert_eq!(one.principal, two.principal);
+        assert_eq!(
+            one.principal,
+            Principal::of([b"https://idp".as_slice(), b"alice".as_slice()])
+        );
+        assert!(one.exp.is_some());
+    }
+
+    #[test]
+    fn what_a_key_set_cannot_vouch_for_is_refused() {
+        let (key, jwk) = p256("a");
+        let keys = set(&[jwk]);
+        let src = source(Some("https://idp"));
+        let good = json!({"iss": "https://idp", "sub": "alice", "exp": now() + 600});
+        let invalid = |token: &str| match verify(&src, &keys, None, token) {
+            Err(Failed::Invalid(err)) => err,
+            other => panic!("{other:?}"),
+        };
+        // HMAC over a key set: the key would be public.
+        let hmac = sign(
+            Algorithm::HS256,
+            "a",
+            &EncodingKey::from_secret(b"x"),
+            &good,
+        );
+        assert_eq!(invalid(&hmac), CredentialError::Algorithm);
+        let none = format!(
+            "{}.{}.",
+            B64.encode(br#"{"alg":"none","kid":"a"}"#),
+            B64.encode(good.to_string())
+        );
+        assert_eq!(invalid(&none), CredentialError::Malformed);
+        let expired = json!({"iss": "https://idp", "sub": "alice", "exp": now() - 3600});
+        assert_eq!(
+            invalid(&sign(Algorithm::ES256, "a", &key, &expired)),
+            CredentialError::Expired
+        );
+        // Within the leeway, an expired token still verifies.
+        let just = json!({"iss": "https://idp", "sub": "alice", "exp": now() - 10});
+        assert!(verify(&src, &keys, None, &sign(Algorithm::ES256, "a", &key, &just)).is_ok());
+        let no_iss = json!({"sub": "alice", "exp": now() + 600});
+        assert_eq!(
+            invalid(&sign(Algorithm::ES256, "a", &key, &no_iss)),
+            CredentialError::Issuer
+        );
+        let (other, _) = p256("b");
+        assert_eq!(
+            invalid(&sign(Algorithm::ES256, "a", &other, &good)),
+            CredentialError::Signature
+        );
+        assert!(matches!(
+            verify(
+                &src,
+                &keys,
+                None,
+                &sign(Algorithm::ES256, "b", &other, &good)
+            ),
+            Err(Failed::UnknownKey)
+        ));
+    }
+
+    #[test]
+    fn a_kid_naming_a_key_of_another_type_is_refused() {
+        let (_, ec) = p256("ec");
+        let keys = set(&[ec]);
+        let src = source(None);
+        let claims = json!({"sub": "alice", "iss": "i", "exp": now() + 600});
+        let (ed_key, _) = {
+            let rng = ring::rand::SystemRandom::new();
+            let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("generate");
+            (EncodingKey::from_ed_der(pkcs8.as_ref()), ())
+        };
+        let token = sign(Algorithm::EdDSA, "ec", &ed_key, &claims);
+        assert!(matches!(
+            verify(&src, &keys, None, &token),
+            Err(Failed::Invalid(CredentialError::KeyMismatch))
+        ));
+    }
+
+    #[test]
+    fn a_secret_verifies_hmac_only() {
+        let src = source(None);
+        let secret = DecodingKey::from_secret(b"s3cr3t");
+        let claims = json!({"iss": "i", "sub": "alice"});
+        let keys = KeySet::default();
+        for alg in HMAC {
+            let token = sign(alg, "x", &EncodingKey::from_secret(b"s3cr3t"), &claims);
+            assert!(
+                verify(&src, &keys, Some(&secret), &token).is_ok(),
+                "{alg:?}"
+            );
+        }
+        let (key, _) = p256("a");
+        let token = sign(Algorithm::ES256, "a", &key, &claims);
+        assert!(matches!(
+            verify(&src, &keys, Some(&secret), &token),
+            Err(Failed::Invalid(CredentialError::Algorithm))
+        ));
+    }
+}
