@@ -93,13 +93,19 @@ impl Live {
 }
 
 /// The verifiers of `config`'s policies, in [`Live::principals`] order: one per distinct
-/// source, taken from `previous` when it had one for that source.
+/// source, taken from `previous` when it had one for that source (keeping its key set
+/// and the tokens it verified).
 fn verifiers(
     config: &Config,
     failures: &Counter,
     previous: Option<&Live>,
 ) -> Vec<Option<Arc<Verifier>>> {
-    let mut known: Vec<Arc<Verifier>> = previous.map(Live::verifiers).unwrap_or_default();
+    // A `jwks_url` is read with the upstream's TLS settings: when they change, every
+    // verifier is made again.
+    let mut known: Vec<Arc<Verifier>> = previous
+        .filter(|previous| previous.config.upstream == config.upstream)
+        .map(Live::verifiers)
+        .unwrap_or_default();
     let fetcher = url_fetcher(&config.upstream);
     std::iter::once(&config.idempotency)
         .chain(config.routes.iter().map(|route| &route.policy))

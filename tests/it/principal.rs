@@ -382,3 +382,75 @@ async fn a_key_set_that_cannot_be_read_at_start_is_exit_1_naming_it() {
     let done = run(idemgate().args(["--config", &path, "--check"])).await;
     assert_eq!(done.code(), Some(0), "{}", done.stderr);
 }
+
+#[tokio::test]
+async fn idemgate_key_prints_one_id_for_every_token_of_a_caller() {
+    let config = TempConfig::new(
+        "upstream:\n  url: http://127.0.0.1:9\nidempotency:\n  scope_principal:\n    jwt:\n      \
+         hs256_secret: s3cr3t\n",
+    );
+    let path = config.path.to_string_lossy().into_owned();
+    let token = |sub: &str, iat: i64, secret: &[u8]| {
+        let claims = json!({"iss": ISS, "sub": sub, "iat": iat, "exp": epoch(600)});
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .expect("sign")
+    };
+    let id = |token: String| {
+        let path = path.clone();
+        async move {
+            let header = format!("Authorization: Bearer {token}");
+            run(idemgate().args(["key", "--config", &path, "-H", &header, "order-1"])).await
+        }
+    };
+    let (a, b) = (
+        id(token("alice", 1, b"s3cr3t")).await,
+        id(token("alice", 2, b"s3cr3t")).await,
+    );
+    assert_eq!(
+        (a.code(), b.code()),
+        (Some(0), Some(0)),
+        "{}{}",
+        a.stderr,
+        b.stderr
+    );
+    assert_eq!(
+        a.stdout, b.stdout,
+        "a refreshed token names the same record"
+    );
+    let bob = id(token("bob", 1, b"s3cr3t")).await;
+    assert_ne!(bob.stdout, a.stdout);
+    let forged = id(token("alice", 1, b"guess")).await;
+    assert_eq!(forged.code(), Some(1));
+    assert!(
+        forged.stderr.contains("invalid credentials"),
+        "{}",
+        forged.stderr
+    );
+}
+
+#[tokio::test]
+async fn a_reload_reads_the_jwks_file_again() {
+    let s = setup("").await;
+    let config = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nidempotency:\n  scope_principal:\n    jwt:\n      jwks_file: '{}'\n",
+        s.up.url(),
+        s.dir.path("jwks.json").display()
+    ));
+    let reload = |state| idemgate::proxy::reload::reload(state, &config.path, None, &|_| Ok(()));
+    reload(&s.proxy.state).expect("a readable set reloads");
+    // Read again: a broken file refuses the reload, naming it, and the running set stays.
+    std::fs::write(s.dir.path("jwks.json"), "{}").expect("break");
+    let err = reload(&s.proxy.state).expect_err("an unparseable set");
+    assert!(
+        err.to_string()
+            .starts_with("idempotency.scope_principal.jwt.jwks_file: "),
+        "{err}"
+    );
+    let token = s.rsa.sign(&claims(ISS, "alice", 1));
+    let r = post(&s.proxy.client(), "k", &bearer(&token)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+}
