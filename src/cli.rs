@@ -85,6 +85,8 @@ enum CliError {
     Workers(#[from] crate::proxy::WorkerError),
     #[error("{0}")]
     RecordId(#[from] crate::proxy::RecordIdError),
+    #[error("scope_principal: {0}")]
+    Jwks(#[from] crate::principal::RefreshError),
     #[error("--method: '{0}' is not an HTTP method")]
     Method(String),
     #[error("-H: '{0}' is not a header; expected 'Name: value'")]
@@ -337,6 +339,12 @@ async fn run_with<S: Store>(
         "idemgate serving"
     );
     let state = Arc::new(AppState::new(Arc::clone(&config), store));
+    // A `jwks_url` that cannot be read at start is fatal, as a `jwks_file` that cannot
+    // is when the configuration loads (docs/behaviour.md §17).
+    for verifier in state.live().verifiers() {
+        verifier.load().await?;
+    }
+    let refresher = tokio::spawn(refresh_keys(Arc::clone(&state)));
     let admin_stop = CancellationToken::new();
     if let Some(addr) = config.admin.listen {
         match tokio::net::TcpListener::bind(addr).await {
@@ -355,6 +363,7 @@ async fn run_with<S: Store>(
     let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload, hangups));
     let outcome = serve_workers(listeners, state, shutdown_signal()).await;
     reloader.abort();
+    refresher.abort();
     // Health and metrics stay up while in-flight requests drain.
     admin_stop.cancel();
     Ok(outcome?)
@@ -394,6 +403,19 @@ async fn reload_on_sighup<S: Store>(
     }
     #[cfg(not(unix))]
     let _ = (state, reload, hangups);
+}
+
+/// Reads the key sets of the verifiers in force again as each one's `jwks_refresh`
+/// comes (docs/behaviour.md §17), looking every second; aborted at shutdown.
+async fn refresh_keys<S: Store>(state: Arc<AppState<S>>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for verifier in state.live().verifiers() {
+            verifier.refresh_if_due(std::time::Instant::now()).await;
+        }
+    }
 }
 
 /// SIGHUP, listened to from before the listeners are bound: its default action ends the

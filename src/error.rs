@@ -11,6 +11,7 @@ use crate::config::{ErrorFormat, ErrorsConfig};
 use crate::idempotency::path::PathError;
 use crate::idempotency::{KeyError, Rejection};
 use crate::metrics::Outcome;
+use crate::principal::CredentialError;
 use crate::store::StoreError;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -57,6 +58,12 @@ pub(crate) enum ProxyError {
     MissingKey { wanted: String },
     #[error("invalid idempotency key: {0}")]
     InvalidKey(#[source] KeyError),
+    /// A credential was sent and did not verify (docs/behaviour.md §17); the message
+    /// says what was wrong, never with which value.
+    #[error("invalid credentials")]
+    InvalidCredentials(#[source] CredentialError),
+    #[error("this route requires credentials that say who the caller is")]
+    MissingCredentials,
     #[error("a request with this key is still being executed")]
     InFlight { retry_after: Duration },
     #[error("the response to this key was too large to keep and cannot be replayed")]
@@ -198,6 +205,18 @@ impl ProxyError {
                 "Invalid idempotency key",
                 None,
             ),
+            E::InvalidCredentials(_) => (
+                StatusCode::UNAUTHORIZED,
+                "invalid-credentials",
+                "Invalid credentials",
+                None,
+            ),
+            E::MissingCredentials => (
+                StatusCode::UNAUTHORIZED,
+                "missing-credentials",
+                "Credentials required",
+                None,
+            ),
             E::BadRequestBody(_) => (
                 StatusCode::BAD_REQUEST,
                 "bad-request",
@@ -300,6 +319,8 @@ impl ProxyError {
         match self {
             E::MissingKey { .. } => Outcome::MissingKey,
             E::InvalidKey(_) => Outcome::InvalidKey,
+            E::InvalidCredentials(_) => Outcome::InvalidCredentials,
+            E::MissingCredentials => Outcome::MissingCredentials,
             E::InFlight { .. } => Outcome::InFlight,
             E::NotReplayable => Outcome::NotReplayable,
             E::BodyTooLarge { .. } => Outcome::TooLarge,
@@ -324,6 +345,8 @@ impl ProxyError {
             E::PassThroughFailed(inner) => inner.is_infrastructure(),
             E::MissingKey { .. }
             | E::InvalidKey(_)
+            | E::InvalidCredentials(_)
+            | E::MissingCredentials
             | E::InFlight { .. }
             | E::NotReplayable
             | E::BodyTooLarge { .. }

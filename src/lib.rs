@@ -10,6 +10,8 @@
 //! - `failpoint` (private): named crash points for the fault suite (feature `failpoints`).
 //! - [`idempotency`]: the pure engine: key sources, keys and record addresses,
 //!   fingerprints, records, the decision table.
+//! - [`principal`]: who the caller is (`scope_principal`): JWTs and their key sets, a
+//!   trusted header, Basic credentials; verified before anything is claimed.
 //! - [`store`]: the [`store::Store`] trait, its backends (memory, file, redis) and the timing
 //!   decorator every call goes through.
 //! - [`proxy`]: accept loop and shutdown, then the request path in the order a request
@@ -30,6 +32,7 @@ mod failpoint;
 pub mod idempotency;
 pub mod logs;
 pub mod metrics;
+pub mod principal;
 pub mod proxy;
 pub mod store;
 pub mod worker;

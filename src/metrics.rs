@@ -42,10 +42,14 @@ pub enum Outcome {
     /// Keyed by its fingerprint alone, but carrying no scope value that tells its client
     /// apart: forwarded unguarded rather than deduplicated with other clients' requests.
     Unscoped,
+    /// A credential was sent and did not verify: refused before anything was claimed.
+    InvalidCredentials,
+    /// No credential where `require_principal` asks for one.
+    MissingCredentials,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 19] = [
+    pub const ALL: [Outcome; 21] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -65,6 +69,8 @@ impl Outcome {
         Outcome::Overloaded,
         Outcome::PassthroughError,
         Outcome::Unscoped,
+        Outcome::InvalidCredentials,
+        Outcome::MissingCredentials,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +94,8 @@ impl Outcome {
             Outcome::Overloaded => "overloaded",
             Outcome::PassthroughError => "passthrough_error",
             Outcome::Unscoped => "unscoped",
+            Outcome::InvalidCredentials => "invalid_credentials",
+            Outcome::MissingCredentials => "missing_credentials",
         }
     }
 
@@ -188,6 +196,8 @@ pub struct Metrics {
     admin_purges: Counter,
     /// Sealed records that did not open (docs/behaviour.md §17).
     undecryptable: Counter,
+    /// Reads of a JWKS that failed, the last good set kept (docs/behaviour.md §17).
+    jwks_refresh_failures: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -298,10 +308,17 @@ impl Metrics {
             "Sealed records that did not decrypt (their key is no longer listed in store.encryption, or they were altered): answered 503, never replayed",
             undecryptable.clone(),
         );
+        let jwks_refresh_failures = Counter::default();
+        registry.register(
+            "idemgate_jwks_refresh_failures",
+            "Reads of a scope_principal JWKS (file or URL) that failed; the last good key set stays in use",
+            jwks_refresh_failures.clone(),
+        );
         Self {
             registry,
             undecryptable,
             requests,
+            jwks_refresh_failures,
             replication_shortfall,
             reloads,
             reload_address_changes,
@@ -330,6 +347,11 @@ impl Metrics {
     /// Handles on the store-latency histograms, for the store's timing decorator.
     pub fn store_timings(&self) -> StoreTimings {
         StoreTimings(self.store_ops.clone())
+    }
+
+    /// The counter of failed JWKS reads, for the verifiers that read them.
+    pub fn jwks_refresh_failures(&self) -> Counter {
+        self.jwks_refresh_failures.clone()
     }
 
     pub fn count(&self, outcome: Outcome) {

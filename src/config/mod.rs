@@ -23,6 +23,7 @@ mod limits;
 mod policy;
 mod raw;
 mod render;
+mod scope_principal;
 mod sections;
 mod sentinel;
 mod tls;

@@ -32,15 +32,18 @@ use super::render::{
     choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
     size, statuses, strings,
 };
+use super::scope_principal::{self, RawScopePrincipal};
 use super::values::{
     CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Pick, Pointer, Raw, Size,
     Status,
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+use crate::idempotency::key::ByPrincipal;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
 use crate::idempotency::{IdempotencyKey, Scope, ScopeId, ScopedKey};
+use crate::principal::{Principal, ScopePrincipal};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
 /// printing of their keys from one declaration per key.
@@ -190,6 +193,14 @@ policy_keys! {
             from Vec<Header>, show headers;
         /// Cookies whose values scope the key too, for APIs that authenticate by cookie.
         scope_cookies: Vec<String> = Vec::new(), from Vec<CookieName>, show strings;
+        /// Who the caller is, verified (docs/behaviour.md §17): when set, it scopes the
+        /// key in place of `authorization` and of the header it reads, so that a
+        /// refreshed token keeps the scope.
+        scope_principal: Option<ScopePrincipal> = None,
+            from RawScopePrincipal, show scope_principal::show;
+        /// Whether a guarded request without a credential is refused
+        /// (`401 missing-credentials`) rather than scoped as anonymous.
+        require_principal: bool = false, from Flag, show flag;
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
             from Vec<Header>, show headers;
@@ -261,7 +272,15 @@ impl Policy {
     /// printed in the short form, `header: X`, as the default is written
     /// (docs/behaviour.md §6).
     pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
-        let keys = self.keys_to_mapping(base);
+        let mut keys = self.keys_to_mapping(base);
+        // Unset is written by leaving the key out (`null` is refused, as for any key);
+        // a route cannot unset what it inherits, so this loses nothing.
+        if keys
+            .get("scope_principal")
+            .is_some_and(serde_yaml::Value::is_null)
+        {
+            keys.remove("scope_principal");
+        }
         let [KeySource::Header(name)] = self.key_from.as_slice() else {
             return keys;
         };
@@ -285,42 +304,56 @@ impl Policy {
     }
 
     /// The record address of `key`, given by `source`, in a request with `headers`
-    /// (docs/behaviour.md §3, §9): the one function the proxy and `idemgate key` address
-    /// records with.
+    /// and, under `scope_principal`, the verified `principal` (`None`: anonymous)
+    /// (docs/behaviour.md §3, §9, §17): the one function the proxy and `idemgate key`
+    /// address records with.
     pub fn address(
         &self,
         headers: &HeaderMap,
+        principal: Option<&Principal>,
         source: &KeySource,
         key: &IdempotencyKey,
     ) -> ScopedKey {
-        ScopedKey::scoped_in_parts(headers, self.scope(), source.label_parts(), key)
+        ScopedKey::scoped_in_parts(headers, self.scope(principal), source.label_parts(), key)
     }
 
-    /// The scope a request with `headers` is in, for `store.max_entries_per_scope`
-    /// (docs/behaviour.md §17): the same scope values as [`Policy::address`] hashes.
-    pub fn scope_id(&self, headers: &HeaderMap) -> ScopeId {
-        self.scope().id(headers)
+    /// The scope a request with `headers` (and `principal`) is in, for
+    /// `store.max_entries_per_scope` (docs/behaviour.md §17): the same scope values as
+    /// [`Policy::address`] hashes.
+    pub fn scope_id(&self, headers: &HeaderMap, principal: Option<&Principal>) -> ScopeId {
+        self.scope(principal).id(headers)
     }
 
-    /// Whether a request with `headers` carries a scope value that tells its client
-    /// apart ([`Scope::identifies`]); without one, a `fingerprint` key is not used.
-    pub fn identifies(&self, headers: &HeaderMap) -> bool {
-        self.scope().identifies(headers)
+    /// Whether a request with `headers` (and `principal`) carries a scope value that
+    /// tells its client apart ([`Scope::identifies`]); without one, a `fingerprint` key
+    /// is not used.
+    pub fn identifies(&self, headers: &HeaderMap, principal: Option<&Principal>) -> bool {
+        self.scope(principal).identifies(headers)
     }
 
-    fn scope(&self) -> Scope<'_> {
+    fn scope<'a>(&'a self, principal: Option<&'a Principal>) -> Scope<'a> {
         Scope {
             headers: &self.scope_headers,
             cookies: &self.scope_cookies,
+            principal: self.scope_principal.as_ref().map(|source| ByPrincipal {
+                replaces: source.header(),
+                principal: principal.map(Principal::as_bytes),
+            }),
         }
     }
 
     /// Whether every request gets the same record address under `self` as under
-    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, and the
-    /// scope headers and cookies, in order, as they are hashed) are the same. A
+    /// `other`: the inputs of [`Policy::address`] (the key sources, by label, the
+    /// scope headers and cookies, in order, as they are hashed, and the principal's
+    /// source) are the same. A
     /// `fingerprint` window changes how long a record is kept, not where.
     pub fn same_addresses(&self, other: &Policy) -> bool {
-        self.scope_headers == other.scope_headers
+        let principals = match (&self.scope_principal, &other.scope_principal) {
+            (Some(a), Some(b)) => a.same_principals(b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        principals
+            && self.scope_headers == other.scope_headers
             && self.scope_cookies == other.scope_cookies
             && self
                 .key_from
@@ -358,5 +391,63 @@ mod tests {
         assert!(policy.to_mapping(Some(&base)).is_empty());
         let top = base.to_mapping(None);
         assert!(top.contains_key("ttl") && !top.contains_key("enabled"));
+    }
+
+    /// Under `scope_principal` the principal replaces `Authorization` and the header it
+    /// was read from, listed or not; other scope headers still apply; without it, the
+    /// address is what it always was.
+    #[test]
+    fn a_principal_replaces_the_credential_headers_in_the_address() {
+        use crate::principal::Principal;
+        let tenant = HeaderName::from_static("x-tenant");
+        let user = HeaderName::from_static("x-user");
+        let plain = Policy {
+            scope_headers: vec![header::AUTHORIZATION, user.clone(), tenant.clone()],
+            ..Policy::default()
+        };
+        let policy = Policy {
+            scope_principal: Some(ScopePrincipal::TrustedHeader(user.clone())),
+            ..plain.clone()
+        };
+        let source = &policy.key_from[0];
+        let key = crate::idempotency::key::parse_value(b"k").expect("key");
+        let headers = |auth: &'static str, tenant_id: &'static str| {
+            let mut map = HeaderMap::new();
+            map.insert(header::AUTHORIZATION, HeaderValue::from_static(auth));
+            map.insert(user.clone(), HeaderValue::from_static("alice"));
+            map.insert(tenant.clone(), HeaderValue::from_static(tenant_id));
+            map
+        };
+        let alice = Principal::of([b"alice".as_slice()]);
+        let bob = Principal::of([b"bob".as_slice()]);
+        let at = |h: &HeaderMap, p: Option<&Principal>| policy.address(h, p, source, &key);
+        let (a, b) = (headers("Bearer t1", "t"), headers("Bearer t2", "t"));
+        assert_eq!(
+            at(&a, Some(&alice)),
+            at(&b, Some(&alice)),
+            "a refresh keeps it"
+        );
+        assert_ne!(at(&a, Some(&alice)), at(&a, Some(&bob)));
+        assert_ne!(
+            at(&a, Some(&alice)),
+            at(&a, None),
+            "anonymous is a scope of its own"
+        );
+        assert_ne!(
+            at(&a, Some(&alice)),
+            at(&headers("Bearer t1", "u"), Some(&alice))
+        );
+        // Without scope_principal, the raw headers scope as before.
+        assert_ne!(
+            plain.address(&a, None, source, &key),
+            plain.address(&b, None, source, &key)
+        );
+        assert_eq!(
+            plain.address(&a, None, source, &key),
+            ScopedKey::new(&a, &plain.scope_headers, &key)
+        );
+        assert!(!plain.same_addresses(&policy));
+        assert!(policy.identifies(&HeaderMap::new(), Some(&alice)));
+        assert!(!policy.identifies(&HeaderMap::new(), None));
     }
 }

@@ -4,7 +4,8 @@
 //! description (docs/behaviour.md §6), so an operator sees what the proxy will actually
 //! do; the output parses back to an equal `Config`
 //! (every `${` in a value printed as `$${`, which loads back as `${`) once the secrets,
-//! printed `***` and listed in a comment at the top, are filled in.
+//! printed `***` and listed in a comment at the top (store passwords, `admin.token`, a
+//! `scope_principal`'s `hs256_secret`), are filled in.
 //! The keys declared in `top`, `policy` and `sections` are printed by the methods
 //! generated there, with the printers at the end of this file.
 
@@ -19,6 +20,7 @@ use super::values::Choice;
 use super::{Config, ErrorsConfig, StoreConfig, StoreKind, Workers};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{KeySource, display_name};
+use crate::principal::{JwtKeys, ScopePrincipal};
 
 pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
@@ -134,6 +136,18 @@ fn masked_notice(config: &Config) -> String {
     let mut keys = Vec::new();
     if config.admin.token.is_some() {
         keys.push("admin.token".to_owned());
+    }
+    // A route prints `scope_principal` only when it differs from `idempotency`'s.
+    let has_secret = |source: &Option<ScopePrincipal>| matches!(source, Some(ScopePrincipal::Jwt(jwt)) if matches!(jwt.keys, JwtKeys::Secret(_)));
+    let base = &config.idempotency.scope_principal;
+    if has_secret(base) {
+        keys.push("idempotency.scope_principal.jwt.hs256_secret".to_owned());
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        let own = &route.policy.scope_principal;
+        if own != base && has_secret(own) {
+            keys.push(format!("routes[{i}].scope_principal.jwt.hs256_secret"));
+        }
     }
     // The paths of the URLs that hold a secret, as `to_yaml` printed them.
     let with_secrets = |urls: &[String], key: &str| -> Vec<String> {

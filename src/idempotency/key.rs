@@ -125,11 +125,44 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
 pub struct ScopedKey([u8; 32]);
 
 /// What scopes a key besides the key itself: a policy's `scope_headers` and
-/// `scope_cookies` (docs/behaviour.md §3, §15).
+/// `scope_cookies` (docs/behaviour.md §3, §15), and its verified principal
+/// (docs/behaviour.md §17).
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     pub headers: &'a [HeaderName],
     pub cookies: &'a [String],
+    /// Set when the policy scopes by who the caller is.
+    pub principal: Option<ByPrincipal<'a>>,
+}
+
+/// A scope by principal: the principal's bytes (`None` for a request without a
+/// credential, the anonymous scope) replace `Authorization` and the header the
+/// credential was read from, which a refreshed token changes.
+#[derive(Clone, Copy)]
+pub struct ByPrincipal<'a> {
+    pub replaces: &'a HeaderName,
+    pub principal: Option<&'a [u8]>,
+}
+
+/// The principal is never printed.
+impl std::fmt::Debug for ByPrincipal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByPrincipal")
+            .field("replaces", self.replaces)
+            .field("principal", &self.principal.map(|_| ".."))
+            .finish()
+    }
+}
+
+impl Scope<'_> {
+    /// The scope headers that enter the hash: under a principal, neither
+    /// `Authorization` nor the header the principal replaces.
+    fn hashed_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        let replaced = self.principal.map(|by| by.replaces);
+        self.headers.iter().filter(move |name| {
+            replaced.is_none_or(|replaced| **name != AUTHORIZATION && *name != replaced)
+        })
+    }
 }
 
 /// Which scope a record belongs to, for `store.max_entries_per_scope`
@@ -169,9 +202,9 @@ impl Scope<'_> {
         ScopeId(id)
     }
 
-    /// Feeds the scope values of `headers` to `hash`.
+    /// Feeds the scope values of `headers` (and the principal) to `hash`.
     fn feed(&self, hash: &mut Sha256, headers: &HeaderMap) {
-        for name in self.headers {
+        for name in self.hashed_headers() {
             if *name == AUTHORIZATION {
                 hash_authorization(hash, headers);
             } else {
@@ -186,6 +219,19 @@ impl Scope<'_> {
                 hash_cookie(hash, headers, name);
             }
         }
+        if let Some(by) = self.principal {
+            // Like the cookie marker, never the first byte of a length prefix: a
+            // principal cannot collide with header or cookie values. Then a count (0 for
+            // the anonymous scope, 1) and the principal, as a cookie is hashed.
+            hash.update(b"principal");
+            match by.principal {
+                Some(principal) => {
+                    hash.update(1u64.to_be_bytes());
+                    hash_field(hash, principal);
+                }
+                None => hash.update(0u64.to_be_bytes()),
+            }
+        }
     }
 
     /// Whether `headers` carry a value of the scope that can tell one client from
@@ -193,7 +239,10 @@ impl Scope<'_> {
     /// the anonymous scope with every other such request, where a `fingerprint` key
     /// source must not deduplicate: two tenants' identical requests would be one.
     pub fn identifies(&self, headers: &HeaderMap) -> bool {
-        self.headers.iter().any(|name| {
+        if self.principal.is_some_and(|by| by.principal.is_some()) {
+            return true;
+        }
+        self.hashed_headers().any(|name| {
             headers
                 .get_all(name)
                 .iter()
@@ -218,6 +267,7 @@ impl ScopedKey {
         let scope = Scope {
             headers: scope_headers,
             cookies: &[],
+            principal: None,
         };
         Self::scoped(headers, scope, DEFAULT_SOURCE, key)
     }
@@ -227,7 +277,8 @@ impl ScopedKey {
     /// different inputs (`a:b`+`c` versus `a`+`b:c`, absent versus empty) hash alike.
     /// The scheme of an `Authorization` value is compared case-insensitively. Cookies
     /// enter the hash only when the policy names some, so that adding `scope_cookies`
-    /// to a policy moves no other policy's records. `source` is the label of the key's
+    /// to a policy moves no other policy's records; so does the principal, for policies
+    /// that scope by one. `source` is the label of the key's
     /// source (`KeySource::label`), so that the same string from two sources names two
     /// keys.
     pub fn scoped(
@@ -415,6 +466,7 @@ mod tests {
         let scope = Scope {
             headers: &scope_headers,
             cookies: &[],
+            principal: None,
         };
         let mut a = HeaderMap::new();
         a.insert(AUTHORIZATION, HeaderValue::from_static("Bearer a"));
@@ -429,6 +481,16 @@ mod tests {
             !scope.id(&a).as_bytes().iter().all(|b| *b == 0),
             "a hash, not the value"
         );
+        // Under a principal, two tokens of one caller are one scope.
+        let by = |principal: &'static [u8]| Scope {
+            principal: Some(ByPrincipal {
+                replaces: &AUTHORIZATION,
+                principal: Some(principal),
+            }),
+            ..scope
+        };
+        assert_eq!(by(b"alice").id(&a), by(b"alice").id(&b));
+        assert_ne!(by(b"alice").id(&a), by(b"bob").id(&a));
     }
 
     #[test]
@@ -437,6 +499,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &names,
+            principal: None,
         };
         let k = key("k1");
         let a = ScopedKey::scoped(
@@ -471,6 +534,7 @@ mod tests {
         let no_cookies = Scope {
             headers: &[AUTHORIZATION],
             cookies: &[],
+            principal: None,
         };
         assert_eq!(
             ScopedKey::scoped(&plain, no_cookies, DEFAULT_SOURCE, &k),
@@ -487,6 +551,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &names,
+            principal: None,
         };
         let k = key("k1");
         let at = |pairs: &[(&'static str, &'static str)]| {
@@ -538,6 +603,7 @@ mod tests {
         let scope = Scope {
             headers: &tenant,
             cookies: &names,
+            principal: None,
         };
         let identifies = |pairs: &[(&'static str, &'static str)]| scope.identifies(&headers(pairs));
         assert!(identifies(&[("x-api-key", "a")]));
@@ -559,6 +625,7 @@ mod tests {
         let nothing = Scope {
             headers: &[],
             cookies: &[],
+            principal: None,
         };
         assert!(!nothing.identifies(&headers(&[("authorization", "Bearer t")])));
     }
@@ -591,6 +658,7 @@ mod tests {
         let scope = Scope {
             headers: &[AUTHORIZATION],
             cookies: &[],
+            principal: None,
         };
         let at = |source: &str| ScopedKey::scoped(&hs, scope, source, &k);
         let labels = [

@@ -409,6 +409,7 @@ mod tests {
         let scope = Scope {
             headers: &[],
             cookies: &[],
+            principal: None,
         };
         let key = crate::idempotency::key::parse_plain(b"k-1").expect("a key");
         for source in [

@@ -31,6 +31,7 @@ use crate::idempotency::path::{self, EscapedSlashes, PathError};
 use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
+use crate::principal::{CredentialError, Principal, Verifier};
 use crate::store::{Lease, Store, StoreError};
 
 /// The service function: never fails, every error becomes a problem answer. Generic
@@ -114,6 +115,9 @@ async fn route<S: Store, B: RequestBody>(
     if found == Found::Absent {
         return keyless(state, live, policy, req, peer).await;
     }
+    // Before the body is read: a refused credential costs no buffering.
+    let principal = principal(live, id, policy, req.headers()).await?;
+    let principal = principal.as_ref();
     let read = read_body(state, live, policy, req).await?;
     // Parsed at most once, for the key and the fingerprint alike.
     let bytes = read.body.clone();
@@ -124,11 +128,11 @@ async fn route<S: Store, B: RequestBody>(
         _ => source::find(&policy.key_from, read.offered(&body)).map_err(ProxyError::InvalidKey)?,
     };
     let req = match found {
-        Found::Key(source, key) => guard(policy, read, body, peer, source, Some(key)),
+        Found::Key(source, key) => guard(policy, read, body, peer, principal, source, Some(key)),
         // No identity to scope it by: one anonymous scope would make two clients'
         // identical requests one. Forwarded as keyless, whatever `required` says, since
         // it never applies to a fingerprint source.
-        Found::Fingerprint(_) if !policy.identifies(&read.parts.headers) => {
+        Found::Fingerprint(_) if !policy.identifies(&read.parts.headers, principal) => {
             drop(body);
             let (req, _held) = read.into_request();
             let mut next = pass_through(state, live, req, peer).await?;
@@ -137,7 +141,7 @@ async fn route<S: Store, B: RequestBody>(
             }
             return Ok(next);
         }
-        Found::Fingerprint(source) => guard(policy, read, body, peer, source, None),
+        Found::Fingerprint(source) => guard(policy, read, body, peer, principal, source, None),
         Found::Absent | Found::NeedsBody => {
             drop(body);
             // The bytes stay counted in `max_buffered_bytes` until they are forwarded.
@@ -151,7 +155,7 @@ async fn route<S: Store, B: RequestBody>(
         .config
         .store
         .max_entries_per_scope
-        .map(|_| policy.scope_id(&req.parts.headers));
+        .map(|_| policy.scope_id(&req.parts.headers, principal));
     let claimed =
         claim::claim(state, policy, (req.scoped, scope), req.fingerprint, req.ttl).await?;
     let next = match claimed {
@@ -166,6 +170,28 @@ async fn route<S: Store, B: RequestBody>(
         Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, live, err, req).await?),
     };
     Ok(next)
+}
+
+/// The verified principal of a keyed request under a policy with `scope_principal`
+/// (docs/behaviour.md §17): a credential that does not verify is refused, and so is none
+/// under `require_principal`; nothing is claimed or forwarded for either.
+async fn principal(
+    live: &Live,
+    id: PolicyId,
+    policy: &Policy,
+    headers: &http::HeaderMap,
+) -> Result<Option<Principal>, ProxyError> {
+    let Some(verifier) = live.verifier(id) else {
+        return Ok(None);
+    };
+    let principal = verifier
+        .principal(headers)
+        .await
+        .map_err(ProxyError::InvalidCredentials)?;
+    if principal.is_none() && policy.require_principal {
+        return Err(ProxyError::MissingCredentials);
+    }
+    Ok(principal)
 }
 
 /// The request as both the guard and the upstream see it: `Host` checked, the path
@@ -263,6 +289,7 @@ fn guard(
     read: Read,
     json: Body<'_>,
     peer: SocketAddr,
+    principal: Option<&Principal>,
     source: &KeySource,
     key: Option<IdempotencyKey>,
 ) -> Guarded {
@@ -277,7 +304,7 @@ fn guard(
     );
     let key = key.unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
     Guarded {
-        scoped: policy.address(&parts.headers, source, &key),
+        scoped: policy.address(&parts.headers, principal, source, &key),
         ttl: policy.record_ttl(source),
         fingerprint,
         parts,
@@ -406,12 +433,16 @@ pub enum RecordIdError {
     NotGuarded { method: String, path: String },
     #[error("KEY: {0}")]
     Key(#[source] crate::idempotency::KeyError),
+    #[error("-H: invalid credentials: {0}")]
+    Credentials(#[source] CredentialError),
+    #[error("the route requires credentials (require_principal): give them with -H")]
+    MissingCredentials,
 }
 
 /// The record id (`key_prefix` + 64 hex) a request with this method, path, headers and
 /// key would use (docs/behaviour.md §13): the path picks the policy as for a request, the
-/// key is read as its first source reads it, and the address is [`Policy::address`], as
-/// in [`handle`].
+/// key is read as its first source reads it, the credential among `headers` is verified
+/// as the proxy verifies it, and the address is [`Policy::address`], as in [`handle`].
 pub fn record_id(
     config: &crate::config::Config,
     method: &http::Method,
@@ -441,6 +472,21 @@ pub fn record_id(
         _ => parse_plain(key.as_bytes()),
     }
     .map_err(RecordIdError::Key)?;
-    let scoped = policy.address(headers, source, &key);
+    let principal = match &policy.scope_principal {
+        None => None,
+        Some(scope) => {
+            let fetcher = super::jwks::url_fetcher(&config.upstream);
+            let verifier = Verifier::new(scope, &fetcher, Default::default());
+            // A `jwks_url` is not read here: its tokens are refused as matching no key.
+            let principal = verifier
+                .principal_now(headers)
+                .map_err(RecordIdError::Credentials)?;
+            if principal.is_none() && policy.require_principal {
+                return Err(RecordIdError::MissingCredentials);
+            }
+            principal
+        }
+    };
+    let scoped = policy.address(headers, principal.as_ref(), source, &key);
     Ok(format!("{}{}", config.store.key_prefix, scoped.to_hex()))
 }

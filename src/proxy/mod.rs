@@ -18,6 +18,7 @@
 //! 8. `state.rs`: the shared state ([`AppState`]), the configuration in force ([`Live`]),
 //!    policy ids;
 //! 9. `upstream.rs`: the pooled client, `send`, header rewriting (`connector.rs`: TLS);
+//!    `jwks.rs` reads a `jwks_url` with the same TLS;
 //! 10. `body.rs`: body types; `budget.rs`: `max_buffered_bytes`.
 
 mod body;
@@ -27,6 +28,7 @@ mod connector;
 mod detach;
 mod exchange;
 mod handler;
+mod jwks;
 mod lease;
 mod listen;
 pub mod reload;

@@ -94,7 +94,7 @@ pub fn reload<S: Store>(
             tracing::warn!(
                 policies = %moved.join(", "),
                 "the reload changes how record addresses are computed (key_from, \
-                 scope_headers or scope_cookies): retries of requests completed before it \
+                 scope_headers, scope_cookies or scope_principal): retries of requests completed before it \
                  execute again"
             );
             state.metrics.count_address_change();

@@ -10,11 +10,15 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::budget::Budget;
+use super::jwks::url_fetcher;
 use super::upstream::{self, UpstreamClient};
 use crate::config::{Config, Policy};
 use crate::idempotency::{Completed, ScopedKey};
 use crate::metrics::Metrics;
+use crate::principal::Verifier;
 use crate::store::{Deadline, Keyring, Store, Timed};
 use crate::worker::PerWorker;
 
@@ -37,12 +41,39 @@ pub struct Live {
     /// One connection pool per worker: a pooled connection is driven by a task on the
     /// runtime that opened it, so sharing one pool would hand requests across threads.
     clients: PerWorker<UpstreamClient>,
+    /// The verifier of each policy's `scope_principal` (docs/behaviour.md §17): first
+    /// `idempotency`'s, then each route's. Policies with the same source share one.
+    principals: Vec<Option<Arc<Verifier>>>,
 }
 
 impl Live {
-    pub fn new(config: Arc<Config>) -> Self {
+    /// `failures` counts failed reads of a key set; the verifiers of `previous` whose
+    /// source is unchanged are kept, with their key sets and verified tokens.
+    pub fn new(config: Arc<Config>, failures: &Counter, previous: Option<&Live>) -> Self {
         let clients = upstream::clients(&config.upstream, config.workers.resolve());
-        Self { config, clients }
+        let principals = verifiers(&config, failures, previous);
+        Self {
+            config,
+            clients,
+            principals,
+        }
+    }
+
+    /// The verifier of `id`'s policy, if it scopes by principal.
+    pub fn verifier(&self, id: PolicyId) -> Option<&Arc<Verifier>> {
+        let index = id.0.map_or(0, |i| i + 1);
+        self.principals.get(index)?.as_ref()
+    }
+
+    /// Every verifier in force, once each: for their key sets' refreshes.
+    pub fn verifiers(&self) -> Vec<Arc<Verifier>> {
+        let mut all: Vec<Arc<Verifier>> = Vec::new();
+        for verifier in self.principals.iter().flatten() {
+            if !all.iter().any(|v| Arc::ptr_eq(v, verifier)) {
+                all.push(Arc::clone(verifier));
+            }
+        }
+        all
     }
 
     /// The calling worker's upstream client.
@@ -60,6 +91,35 @@ impl Live {
             None => &self.config.idempotency,
         }
     }
+}
+
+/// The verifiers of `config`'s policies, in [`Live::principals`] order: one per distinct
+/// source, taken from `previous` when it had one for that source (keeping its key set
+/// and the tokens it verified).
+fn verifiers(
+    config: &Config,
+    failures: &Counter,
+    previous: Option<&Live>,
+) -> Vec<Option<Arc<Verifier>>> {
+    // A `jwks_url` is read with the upstream's TLS settings: when they change, every
+    // verifier is made again.
+    let mut known: Vec<Arc<Verifier>> = previous
+        .filter(|previous| previous.config.upstream == config.upstream)
+        .map(Live::verifiers)
+        .unwrap_or_default();
+    let fetcher = url_fetcher(&config.upstream);
+    std::iter::once(&config.idempotency)
+        .chain(config.routes.iter().map(|route| &route.policy))
+        .map(|policy| {
+            let source = policy.scope_principal.as_ref()?;
+            if let Some(found) = known.iter().find(|v| v.source() == source) {
+                return Some(Arc::clone(found));
+            }
+            let verifier = Arc::new(Verifier::new(source, &fetcher, failures.clone()));
+            known.push(Arc::clone(&verifier));
+            Some(verifier)
+        })
+        .collect()
 }
 
 /// Everything a request needs, shared by all connections.
@@ -99,7 +159,11 @@ impl<S: Store> AppState<S> {
 
     /// With metrics of the caller's making, e.g. [`Metrics::observable`] in tests.
     pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
-        let live = ArcSwap::from_pointee(Live::new(Arc::clone(&config)));
+        let live = ArcSwap::from_pointee(Live::new(
+            Arc::clone(&config),
+            &metrics.jwks_refresh_failures(),
+            None,
+        ));
         store.register_metrics(metrics.registry_mut());
         store.count_shortfalls_in(metrics.replication_shortfall());
         let deadline = Deadline::new(config.store.timeout, metrics.store_timings());
@@ -146,13 +210,16 @@ impl<S: Store> AppState<S> {
     /// its idle connections with it.
     pub fn apply(&self, config: Config) {
         let current = self.live.load();
+        let failures = self.metrics.jwks_refresh_failures();
         let live = if config.upstream == current.config.upstream {
+            let principals = verifiers(&config, &failures, Some(&current));
             Live {
                 config: Arc::new(config),
                 clients: current.clients.clone(),
+                principals,
             }
         } else {
-            Live::new(Arc::new(config))
+            Live::new(Arc::new(config), &failures, Some(&current))
         };
         self.live.store(Arc::new(live));
     }

@@ -73,7 +73,7 @@ pub(crate) fn clients(config: &UpstreamConfig, workers: usize) -> PerWorker<Upst
 
 /// The system trust store; certificates it holds that rustls cannot parse are skipped,
 /// and an unreadable store leaves `ca_file` as the only trust anchors.
-fn system_roots() -> rustls::RootCertStore {
+pub(super) fn system_roots() -> rustls::RootCertStore {
     let mut roots = rustls::RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for err in &native.errors {

@@ -33,6 +33,7 @@ mod limits;
 mod monitoring;
 mod one_view;
 mod operations;
+mod principal;
 mod proxy_redis;
 mod readme;
 mod redis_full;

@@ -15,6 +15,7 @@ mod errors;
 mod examples;
 mod keys;
 mod limits;
+mod principal;
 mod reload;
 
 fn no_env(_: &str) -> Option<String> {
@@ -303,6 +304,8 @@ fn every_key_can_be_overridden() {
         fingerprint_body: BodyForm::Json,
         fingerprint_ignore: pointers(&["/timestamp", "", "/a~1b~0/0"]),
         scope_cookies: vec!["session".to_owned(), "sid".to_owned()],
+        scope_principal: None,
+        require_principal: false,
         replay_drop_headers: vec![header("set-cookie")],
         record_exclude_headers: vec![header("x-session-token")],
         replay_error_headers: vec![

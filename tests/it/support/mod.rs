@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod docker;
 pub mod fake_redis;
 pub mod fault;
+pub mod jwt;
 pub mod kube;
 pub mod monitor;
 pub mod redis;

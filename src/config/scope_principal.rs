@@ -1,0 +1,220 @@
+//! `scope_principal` (docs/behaviour.md §17): its raw form, checked while it is
+//! deserialized so that every error names its path
+//! (`routes[0].scope_principal.jwt.jwks_file`), and its printing for `--check`.
+//!
+//! A `jwks_file` is read and parsed here, when the configuration loads: a file that
+//! cannot be is a configuration error at start, under `--check` and on a reload alike.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Uri, header};
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use serde_yaml::{Mapping, Value};
+
+use super::MASK;
+use super::render::{duration, header_name};
+use super::values::{Dur, Flag, Header, Raw, Text};
+use crate::principal::{JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
+
+/// `scope_principal` as written: exactly one of its three sources.
+#[derive(Debug, Clone)]
+pub(super) struct RawScopePrincipal(ScopePrincipal);
+
+impl Raw for RawScopePrincipal {
+    type Typed = Option<ScopePrincipal>;
+    fn typed(self) -> Option<ScopePrincipal> {
+        Some(self.0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "one of jwt: {...}, trusted_header: NAME, basic: true"
+)]
+struct Fields {
+    jwt: Option<RawJwt>,
+    trusted_header: Option<Header>,
+    basic: Option<Flag>,
+}
+
+impl<'de> Deserialize<'de> for RawScopePrincipal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let fields = Fields::deserialize(d)?;
+        let basic = fields.basic.is_some_and(|flag| flag.0);
+        let source = match (fields.jwt, fields.trusted_header, basic) {
+            (Some(jwt), None, false) => ScopePrincipal::Jwt(Arc::new(jwt.0)),
+            (None, Some(name), false) => ScopePrincipal::TrustedHeader(name.0),
+            (None, None, true) => ScopePrincipal::Basic,
+            _ => {
+                return Err(de::Error::custom(
+                    "write exactly one of jwt: {...}, trusted_header: NAME or basic: true",
+                ));
+            }
+        };
+        Ok(RawScopePrincipal(source))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping of jwt keys")]
+struct JwtFields {
+    header: Option<Header>,
+    claims: Option<Vec<Text>>,
+    jwks_file: Option<JwksFile>,
+    jwks_url: Option<JwksUrl>,
+    hs256_secret: Option<SecretText>,
+    jwks_refresh: Option<Dur>,
+    issuer: Option<Text>,
+    audience: Option<Text>,
+    leeway: Option<Dur>,
+}
+
+/// `scope_principal.jwt`, with its defaults filled in.
+struct RawJwt(JwtSource);
+
+/// How often a key set is read again by default.
+const DEFAULT_REFRESH: Duration = Duration::from_secs(5 * 60);
+
+/// The clock skew allowed on `exp` and `nbf` by default.
+const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
+
+impl<'de> Deserialize<'de> for RawJwt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let f = JwtFields::deserialize(d)?;
+        let keys = match (f.jwks_file, f.jwks_url, f.hs256_secret) {
+            (Some(file), None, None) => file.0,
+            (None, Some(url), None) => JwtKeys::Url(url.0),
+            (None, None, Some(secret)) => JwtKeys::Secret(secret.0),
+            _ => {
+                return Err(de::Error::custom(
+                    "write exactly one key source: jwks_file, jwks_url or hs256_secret",
+                ));
+            }
+        };
+        let claims = match f.claims {
+            None => vec!["iss".to_owned(), "sub".to_owned()],
+            Some(claims) if claims.is_empty() => {
+                return Err(de::Error::custom(
+                    "claims must not be empty: they are what tells callers apart",
+                ));
+            }
+            Some(claims) => claims.into_iter().map(|claim| claim.0).collect(),
+        };
+        Ok(RawJwt(JwtSource {
+            header: f.header.map_or(header::AUTHORIZATION, |h| h.0),
+            claims,
+            keys,
+            refresh: f.jwks_refresh.map_or(DEFAULT_REFRESH, |d| d.0),
+            issuer: f.issuer.map(|t| t.0),
+            audience: f.audience.map(|t| t.0),
+            leeway: f.leeway.map_or(DEFAULT_LEEWAY, |d| d.0),
+        }))
+    }
+}
+
+/// `jwks_file`: read and parsed as it is deserialized.
+struct JwksFile(JwtKeys);
+
+impl<'de> Deserialize<'de> for JwksFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let path = PathBuf::from(Text::deserialize(d)?.0);
+        let shown = path.display();
+        let bytes = std::fs::read(&path)
+            .map_err(|err| de::Error::custom(format!("cannot read '{shown}': {err}")))?;
+        let set =
+            parse_jwks(&bytes).map_err(|err| de::Error::custom(format!("'{shown}' {err}")))?;
+        Ok(JwksFile(JwtKeys::File {
+            set: Arc::new(set),
+            path,
+        }))
+    }
+}
+
+/// `jwks_url`: an `http://` or `https://` URL with a host.
+struct JwksUrl(Uri);
+
+impl<'de> Deserialize<'de> for JwksUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Text::deserialize(d)?.0;
+        let uri: Uri = text
+            .trim()
+            .parse()
+            .map_err(|err| de::Error::custom(format!("invalid URL '{text}': {err}")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(de::Error::custom(format!(
+                "'{text}' is not an http:// or https:// URL with a host"
+            )));
+        }
+        Ok(JwksUrl(uri))
+    }
+}
+
+/// `hs256_secret`: its bytes as written (after `${VAR}`), not decoded.
+struct SecretText(Secret);
+
+impl<'de> Deserialize<'de> for SecretText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Text::deserialize(d)?.0;
+        if text.is_empty() {
+            return Err(de::Error::custom("must not be empty"));
+        }
+        if text == MASK {
+            return Err(de::Error::custom(
+                "is '***', what --check prints in place of the secret; write the secret \
+                 itself, e.g. ${JWT_SECRET}",
+            ));
+        }
+        Ok(SecretText(Secret::new(text.into_bytes())))
+    }
+}
+
+/// `scope_principal` for `--check`: `null` when unset, the secret as `***`.
+pub(super) fn show(source: &Option<ScopePrincipal>) -> Value {
+    let Some(source) = source else {
+        return Value::Null;
+    };
+    let mut map = Mapping::new();
+    match source {
+        ScopePrincipal::Jwt(jwt) => {
+            map.insert("jwt".into(), Value::Mapping(jwt_mapping(jwt)));
+        }
+        ScopePrincipal::TrustedHeader(name) => {
+            map.insert("trusted_header".into(), header_name(name));
+        }
+        ScopePrincipal::Basic => {
+            map.insert("basic".into(), true.into());
+        }
+    }
+    Value::Mapping(map)
+}
+
+fn jwt_mapping(jwt: &JwtSource) -> Mapping {
+    let mut map = Mapping::new();
+    map.insert("header".into(), header_name(&jwt.header));
+    let claims: Vec<Value> = jwt.claims.iter().map(|c| c.as_str().into()).collect();
+    map.insert("claims".into(), claims.into());
+    match &jwt.keys {
+        JwtKeys::File { path, .. } => {
+            map.insert("jwks_file".into(), path.to_string_lossy().as_ref().into());
+        }
+        JwtKeys::Url(uri) => {
+            map.insert("jwks_url".into(), uri.to_string().into());
+        }
+        JwtKeys::Secret(_) => {
+            map.insert("hs256_secret".into(), MASK.into());
+        }
+    }
+    map.insert("jwks_refresh".into(), duration(&jwt.refresh));
+    if let Some(issuer) = &jwt.issuer {
+        map.insert("issuer".into(), issuer.as_str().into());
+    }
+    if let Some(audience) = &jwt.audience {
+        map.insert("audience".into(), audience.as_str().into());
+    }
+    map.insert("leeway".into(), duration(&jwt.leeway));
+    map
+}

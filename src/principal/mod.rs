@@ -1,0 +1,178 @@
+//! Who the caller is, for a scope that survives a token refresh (docs/behaviour.md §17):
+//! the sources a policy's `scope_principal` names, the verification of each, and the
+//! principal it yields. The proxy asks a [`Verifier`] for a request's principal before
+//! it reads the body; `idemgate key` asks the same verifier, so both address a record
+//! alike.
+//!
+//! - `jwks.rs`: a JWK set as read, and the keys and algorithms it allows;
+//! - `jwt.rs`: one token checked against those keys (or an HMAC secret);
+//! - `cache.rs`: tokens already verified, so that a retry does not pay a signature check;
+//! - `verifier.rs`: a policy's source at run time: the header read, the key set kept
+//!   fresh, `trusted_header` and `basic`.
+//!
+//! Nothing here logs, counts or returns a token, a claim value or a secret: errors say
+//! what was wrong, never with what.
+
+mod cache;
+mod jwks;
+mod jwt;
+mod verifier;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Uri};
+
+pub use jsonwebtoken::jwk::JwkSet;
+pub use jwks::{JwksError, parse_jwks};
+pub use verifier::{Fetch, FetchFuture, RefreshError, Verifier};
+
+/// `scope_principal`: where the verified principal of a request comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ScopePrincipal {
+    /// A JWT, verified; shared by the routes that inherit it.
+    Jwt(Arc<JwtSource>),
+    /// A header an authenticating proxy in front sets, taken as is.
+    TrustedHeader(HeaderName),
+    /// The user name of HTTP Basic authentication (the password is left out, so that a
+    /// rotated password keeps the scope).
+    Basic,
+}
+
+impl ScopePrincipal {
+    /// The header the credential is read from: left out of the scope, as
+    /// `authorization` always is, since a refreshed credential must keep the scope.
+    pub fn header(&self) -> &HeaderName {
+        match self {
+            ScopePrincipal::Jwt(jwt) => &jwt.header,
+            ScopePrincipal::TrustedHeader(name) => name,
+            ScopePrincipal::Basic => &http::header::AUTHORIZATION,
+        }
+    }
+
+    /// Whether `self` and `other` give every request the same principal, hence the same
+    /// record addresses: the keys may differ (a rotated set), the claims read may not.
+    pub fn same_principals(&self, other: &ScopePrincipal) -> bool {
+        match (self, other) {
+            (ScopePrincipal::Jwt(a), ScopePrincipal::Jwt(b)) => {
+                a.header == b.header && a.claims == b.claims
+            }
+            (ScopePrincipal::TrustedHeader(a), ScopePrincipal::TrustedHeader(b)) => a == b,
+            (ScopePrincipal::Basic, ScopePrincipal::Basic) => true,
+            _ => false,
+        }
+    }
+}
+
+/// `scope_principal.jwt`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JwtSource {
+    /// Where the token is read; `Bearer ` before it is taken off.
+    pub header: HeaderName,
+    /// The claims whose values, in order, are the principal.
+    pub claims: Vec<String>,
+    pub keys: JwtKeys,
+    /// How often the key set is read again.
+    pub refresh: Duration,
+    /// When set, the token's `iss` must be this.
+    pub issuer: Option<String>,
+    /// When set, the token's `aud` must hold this.
+    pub audience: Option<String>,
+    /// Clock skew allowed on `exp` and `nbf`.
+    pub leeway: Duration,
+}
+
+/// Where the keys of a `jwt` source come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JwtKeys {
+    /// A JWKS file, read when the configuration is loaded (so `--check` and a reload
+    /// read it too): `set` is what it held then.
+    File { path: PathBuf, set: Arc<JwkSet> },
+    /// A JWKS URL, fetched when the proxy starts, never by `--check`.
+    Url(Uri),
+    /// An HMAC secret: the only source under which HS256/384/512 are accepted.
+    Secret(Secret),
+}
+
+/// `hs256_secret`: its bytes as written. Never printed: `Debug` and `--check` show `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<[u8]>);
+
+impl Secret {
+    pub fn new(bytes: impl Into<Arc<[u8]>>) -> Self {
+        Self(bytes.into())
+    }
+
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// A verified principal: the values that name the caller, each length-prefixed, so that
+/// `["a:b", "c"]` and `["a", "b:c"]` differ. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Principal(Vec<u8>);
+
+impl Principal {
+    /// The principal of these values, in order.
+    pub fn of<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut bytes = Vec::new();
+        for value in values {
+            bytes.extend_from_slice(&(value.len() as u64).to_be_bytes());
+            bytes.extend_from_slice(value);
+        }
+        Self(bytes)
+    }
+
+    /// The bytes the record address hashes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Principal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Principal(..)")
+    }
+}
+
+/// Why a credential that was present is refused: `401 invalid-credentials`. The messages
+/// say what is wrong, never with which value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CredentialError {
+    #[error("the credential header is given more than once")]
+    Repeated,
+    #[error("the Authorization header does not carry a Bearer token")]
+    NotBearer,
+    #[error("the Authorization header does not carry Basic credentials")]
+    NotBasic,
+    #[error("the Basic credentials are not base64 of user:password")]
+    BadBasic,
+    #[error("the token is not a well-formed JWT")]
+    Malformed,
+    #[error("the token's algorithm is not accepted with these keys")]
+    Algorithm,
+    #[error("the key the token names cannot verify the token's algorithm")]
+    KeyMismatch,
+    #[error("no key of the key set matches the token")]
+    UnknownKey,
+    #[error("the token's signature does not verify")]
+    Signature,
+    #[error("the token has expired")]
+    Expired,
+    #[error("the token is not valid yet")]
+    NotYetValid,
+    #[error("the token's issuer is not the one expected")]
+    Issuer,
+    #[error("the token's audience does not include the one expected")]
+    Audience,
+    #[error("the token has no '{0}' claim")]
+    MissingClaim(String),
+}
