@@ -290,3 +290,56 @@ async fn a_sealed_value_copied_under_another_key_is_refused() {
         "the original still opens where it belongs"
     );
 }
+
+/// The binary, as an operator runs it: keys from environment variables, logs at
+/// `trace`. Neither a key nor the body ever reaches a log line; after a restart without
+/// the sealing key, the record is refused with an `error` line naming the record and
+/// the key id, and is never executed again.
+#[tokio::test]
+async fn the_binary_never_logs_keys_and_names_a_record_that_does_not_decrypt() {
+    use support::bin::{Running, TempConfig};
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let yaml = |keys: &str| {
+        format!(
+            "upstream:\n  url: {}\nadmin:\n  listen: null\nlog:\n  level: trace\nstore:\n  kind: file\n  path: {}\n  encryption:\n    keys:\n{keys}",
+            up.url(),
+            dir.path().join("store").display()
+        )
+    };
+    let env = [("ENC_K1", K1), ("ENC_K2", K2)];
+    let first = TempConfig::new(&yaml("      - {id: k1, key: \"${ENC_K1}\"}\n"));
+    let path = first.path().to_string_lossy().into_owned();
+    let mut running = Running::start_with_env(&["--config", &path], &env).await;
+    let client = support::TestClient::new(running.addr);
+    let created = client.post("/charges", "bin-1", &body(2)).await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    assert!(client.post("/charges", "bin-1", &body(2)).await.replayed());
+    running.terminate().await;
+    assert!(running.wait_exit().await.success());
+    let log = running.stderr();
+    for secret in [K1, MARKER] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+
+    let second = TempConfig::new(&yaml("      - {id: k2, key: \"${ENC_K2}\"}\n"));
+    let path = second.path().to_string_lossy().into_owned();
+    let mut running = Running::start_with_env(&["--config", &path], &env).await;
+    let client = support::TestClient::new(running.addr);
+    let refused = client.post("/charges", "bin-1", &body(2)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.problem(), "store-unavailable");
+    assert_eq!(up.count(), 1, "never executed again");
+    running.terminate().await;
+    running.wait_exit().await;
+    let log = running.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("does not decrypt") && l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("no error line for the record:\n{log}"));
+    assert!(line.contains("k1"), "names the key id: {line}");
+    assert!(line.contains("idemgate:"), "names the record id: {line}");
+    for secret in [K1, K2, MARKER] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+}
