@@ -343,3 +343,115 @@ async fn the_binary_never_logs_keys_and_names_a_record_that_does_not_decrypt() {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
 }
+
+/// The README's "Encryption at rest", run as written: its `openssl` command makes the
+/// keys, its YAML is the configuration, and its three rotation steps are followed with
+/// the real binary on a file store.
+#[tokio::test]
+async fn the_readme_section_runs_as_written() {
+    use support::bin::{Running, TempConfig};
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let section = readme
+        .split("\n## Encryption at rest\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has the section");
+    let block = |lang: &str| {
+        section
+            .split(&format!("```{lang}\n"))
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap_or_else(|| panic!("a {lang} block"))
+            .to_owned()
+    };
+    let (sh, yaml) = (block("sh"), block("yaml"));
+    let var = sh
+        .trim()
+        .strip_prefix("export ")
+        .and_then(|rest| rest.split('=').next())
+        .expect("export VAR=...")
+        .to_owned();
+    assert!(
+        yaml.contains(&format!("${{{var}}}")),
+        "the YAML reads {var}"
+    );
+    // Two keys made by the README's command, as two rotations would.
+    let key = || {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("{}\nprintf %s \"${var}\"", sh.trim()))
+            .output()
+            .expect("bash");
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).expect("base64 text")
+    };
+    let (old_key, new_key) = (key(), key());
+    assert_ne!(old_key, new_key);
+
+    let up = Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: null\n{}",
+        up.url(),
+        yaml.replace(
+            "store:\n",
+            &format!(
+                "store:\n  kind: file\n  path: {}\n",
+                dir.path().join("store").display()
+            )
+        )
+    );
+    let old_id = base
+        .split("id: \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the key's id")
+        .to_owned();
+    let run = async |yaml: &str, env: &[(&str, &str)]| {
+        let file = TempConfig::new(yaml);
+        let path = file.path().to_string_lossy().into_owned();
+        let running = Running::start_with_env(&["--config", &path], env).await;
+        (file, running)
+    };
+
+    // Turned on.
+    let (_file, mut running) = run(&base, &[(var.as_str(), old_key.as_str())]).await;
+    let client = support::TestClient::new(running.addr);
+    assert_eq!(client.post("/charges", "old", &body(2)).await.status, 201);
+    running.terminate().await;
+    running.wait_exit().await;
+
+    // Step 1: the new key listed first, the old one after it.
+    let new_var = format!("{var}_NEW");
+    let both = base.replace(
+        "    keys:\n",
+        &format!("    keys:\n      - {{id: \"next\", key: \"${{{new_var}}}\"}}\n"),
+    );
+    let env = [
+        (var.as_str(), old_key.as_str()),
+        (new_var.as_str(), new_key.as_str()),
+    ];
+    let (_file, mut running) = run(&both, &env).await;
+    let client = support::TestClient::new(running.addr);
+    assert!(client.post("/charges", "old", &body(2)).await.replayed());
+    assert_eq!(client.post("/charges", "new", &body(3)).await.status, 201);
+    running.terminate().await;
+    running.wait_exit().await;
+    assert_eq!(up.count(), 2);
+
+    // Step 3 (step 2 is waiting out the ttl): the old key removed. A record of the new
+    // key replays; one of the old key, had it not expired, is refused, not executed.
+    let only_new = both.replace(
+        &format!("      - {{id: \"{old_id}\", key: \"${{{var}}}\"}}\n"),
+        "",
+    );
+    assert!(!only_new.contains(&old_id), "{only_new}");
+    let (_file, mut running) = run(&only_new, &env).await;
+    let client = support::TestClient::new(running.addr);
+    assert!(client.post("/charges", "new", &body(3)).await.replayed());
+    assert_eq!(client.post("/charges", "old", &body(2)).await.status, 503);
+    assert_eq!(up.count(), 2);
+    running.terminate().await;
+    running.wait_exit().await;
+}
