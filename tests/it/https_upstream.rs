@@ -6,7 +6,7 @@
 use crate::support;
 
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -17,6 +17,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use idemgate::config::Config;
 use support::Proxy;
+use support::pki::Pki;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -24,107 +25,6 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
-
-/// A throwaway PKI in a temp dir, removed on drop: a CA, a server certificate for
-/// 127.0.0.1 and localhost, and a client certificate, all signed by the CA.
-struct Pki {
-    dir: PathBuf,
-}
-
-impl Pki {
-    fn new(name: &str) -> Pki {
-        let dir =
-            std::env::temp_dir().join(format!("idemgate-https-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("write ext");
-        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("write ext");
-        let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
-        let mut commands: Vec<Vec<String>> = vec![
-            [
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=idemgate-test-ca",
-                "-keyout",
-                &d("ca.key"),
-                "-out",
-                &d("ca.pem"),
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ];
-        for (who, cn) in [("server", "127.0.0.1"), ("client", "idemgate-client")] {
-            commands.push(
-                [
-                    "req",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-subj",
-                    &format!("/CN={cn}"),
-                    "-keyout",
-                    &d(&format!("{who}.key")),
-                    "-out",
-                    &d(&format!("{who}.csr")),
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            );
-            commands.push(
-                [
-                    "x509",
-                    "-req",
-                    "-in",
-                    &d(&format!("{who}.csr")),
-                    "-CA",
-                    &d("ca.pem"),
-                    "-CAkey",
-                    &d("ca.key"),
-                    "-CAcreateserial",
-                    "-days",
-                    "1",
-                    "-out",
-                    &d(&format!("{who}.pem")),
-                    "-extfile",
-                    &d(&format!("{who}.ext")),
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            );
-        }
-        for args in commands {
-            let made = std::process::Command::new("openssl")
-                .args(&args)
-                .output()
-                .expect("openssl is installed");
-            assert!(
-                made.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&made.stderr)
-            );
-        }
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn certs(path: &Path) -> Vec<CertificateDer<'static>> {
     CertificateDer::pem_file_iter(path)

@@ -87,79 +87,11 @@ async fn a_safe_policy_gives_no_warning_and_redis_down_at_start_is_not_fatal() {
 
 #[tokio::test]
 async fn rediss_urls_speak_tls_to_redis() {
-    let dir = std::env::temp_dir().join(format!("idemgate-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (ca, cert, key) = (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    );
-    let ext = dir.join("san.ext");
-    std::fs::write(&ext, "subjectAltName=IP:127.0.0.1\n").expect("write ext");
-    let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
     // A test CA and a server certificate it signs, as a private PKI would have.
-    for args in [
-        vec![
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=idemgate-test-ca",
-            "-keyout",
-            &d("ca.key"),
-            "-out",
-            &d("ca.pem"),
-        ],
-        vec![
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            &d("key.pem"),
-            "-out",
-            &d("req.csr"),
-        ],
-        vec![
-            "x509",
-            "-req",
-            "-in",
-            &d("req.csr"),
-            "-CA",
-            &d("ca.pem"),
-            "-CAkey",
-            &d("ca.key"),
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-out",
-            &d("cert.pem"),
-            "-extfile",
-            &d("san.ext"),
-        ],
-    ] {
-        let made = std::process::Command::new("openssl")
-            .args(&args)
-            .output()
-            .expect("openssl is installed");
-        assert!(
-            made.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
-    let ca_s = ca.to_string_lossy().into_owned();
+    let pki = support::pki::Pki::new("rediss");
+    let ca_s = pki.path("ca.pem");
     let tls_port = support::bin::free_port();
-    let (cert_s, key_s) = (
-        cert.to_string_lossy().into_owned(),
-        key.to_string_lossy().into_owned(),
-    );
+    let (cert_s, key_s) = (pki.path("server.pem"), pki.path("server.key"));
     let port_s = tls_port.to_string();
     let redis = RedisServer::start_with(&[
         "--tls-port",
@@ -186,7 +118,6 @@ async fn rediss_urls_speak_tls_to_redis() {
     assert_eq!(up.count(), 1);
     let keys = redis.cli(&["DBSIZE"]);
     assert_eq!(keys, "1", "the record went to this Redis, over TLS");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -286,7 +286,7 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, done: imp
 
 #[tokio::test]
 async fn a_jwks_url_is_read_over_https_rotated_and_kept_through_a_failed_refresh() {
-    let pki = Pki::new();
+    let pki = Pki::new("jwks");
     let dir = Dir::new("url");
     let (k1, k2) = (SigningKey::rsa(&dir, "k1"), SigningKey::ec("k2"));
     let idp = IdpUpstream::start(&pki, jwks(&[&k1])).await;
@@ -296,7 +296,7 @@ async fn a_jwks_url_is_read_over_https_rotated_and_kept_through_a_failed_refresh
          log:\n  level: trace\nidempotency:\n  scope_principal:\n    jwt:\n      \
          jwks_url: {url}/jwks.json\n      jwks_refresh: 1s\n",
         url = idp.url(),
-        ca = pki.ca(),
+        ca = pki.path("ca.pem"),
     ));
     let path = config.path.to_string_lossy().into_owned();
     let mut proxy = Running::start(&["--config", &path]).await;

@@ -20,6 +20,8 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+
+pub use super::pki::Pki;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -190,75 +192,6 @@ pub fn claims(iss: &str, sub: &str, iat: i64) -> Value {
     json!({"iss": iss, "sub": sub, "aud": "payments", "iat": iat, "exp": epoch(3600)})
 }
 
-/// A throwaway CA and a server certificate for 127.0.0.1 it signed.
-pub struct Pki {
-    pub dir: Dir,
-}
-
-impl Pki {
-    pub fn new() -> Pki {
-        let dir = Dir::new("pki");
-        std::fs::write(dir.path("server.ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext");
-        let (ca_key, ca, key, csr, cert, ext) = (
-            dir.arg("ca.key"),
-            dir.arg("ca.pem"),
-            dir.arg("server.key"),
-            dir.arg("server.csr"),
-            dir.arg("server.pem"),
-            dir.arg("server.ext"),
-        );
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=idemgate-jwt-ca",
-            "-keyout",
-            &ca_key,
-            "-out",
-            &ca,
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-        ]);
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-out",
-            &cert,
-            "-extfile",
-            &ext,
-        ]);
-        Pki { dir }
-    }
-
-    pub fn ca(&self) -> String {
-        self.dir.arg("ca.pem")
-    }
-}
-
 /// What the server answers at `/jwks.json`.
 struct Published {
     /// `None`: `500`, as an identity provider in trouble.
@@ -280,11 +213,11 @@ impl IdpUpstream {
     pub async fn start(pki: &Pki, jwks: String) -> IdpUpstream {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_file_iter(pki.dir.path("server.pem"))
+            CertificateDer::pem_file_iter(pki.path("server.pem"))
                 .expect("certs")
                 .collect::<Result<_, _>>()
                 .expect("certs");
-        let key = PrivateKeyDer::from_pem_file(pki.dir.path("server.key")).expect("key");
+        let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).expect("key");
         let config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("versions")
