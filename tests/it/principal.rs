@@ -454,3 +454,32 @@ async fn a_reload_reads_the_jwks_file_again() {
     let r = post(&s.proxy.client(), "k", &bearer(&token)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
 }
+
+/// The README's "Scoping by who the caller is" configuration, as written, is one
+/// idemgate loads: `jwt` from a `jwks_url` with `issuer` and `audience`, and
+/// `require_principal`. (Loading does not read the URL; starting does.)
+#[test]
+fn the_readme_configuration_loads_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let section = readme
+        .split("\n## Scoping by who the caller is\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has the section");
+    let yaml = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a yaml block");
+    let config = idemgate::config::Config::from_yaml_str(
+        &format!("upstream:\n  url: http://127.0.0.1:9\n{yaml}"),
+        &|_| None,
+    )
+    .unwrap_or_else(|err| panic!("{err}\n{yaml}"));
+    assert!(config.idempotency.require_principal);
+    let shown = config.to_yaml();
+    for key in ["scope_principal", "jwks_url", "issuer", "audience"] {
+        assert!(shown.contains(key), "{key} is in force:\n{shown}");
+    }
+}
