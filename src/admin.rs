@@ -1,8 +1,10 @@
 //! The admin listener, never on the proxy port: `/healthz` (the process serves),
 //! `/readyz` (the store answers within `store.timeout`), `/metrics` (Prometheus), and
-//! the key API `/keys/{id}` (`keys.rs`), the only part behind `admin.token`.
+//! the key API `/keys/{id}` (`keys.rs`, and `resolve.rs` for `/keys/{id}/resolve`), the
+//! only part behind `admin.token`.
 
 mod keys;
+mod resolve;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -74,7 +76,7 @@ pub async fn serve_admin<S: Store>(
                 let state = Arc::clone(&state);
                 let readiness = Arc::clone(&readiness);
                 async move {
-                    let response = answer(&state, &readiness, &req, caller).await;
+                    let response = answer(&state, &readiness, req, caller).await;
                     drop(open);
                     Ok::<_, std::convert::Infallible>(response)
                 }
@@ -102,12 +104,13 @@ pub async fn serve_admin<S: Store>(
 async fn answer<S: Store>(
     state: &AppState<S>,
     readiness: &Readiness,
-    req: &Request<Incoming>,
+    req: Request<Incoming>,
     caller: Caller,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if let Some(id) = path.strip_prefix("/keys/") {
-        return keys::answer(state, req, id, caller).await;
+        let id = id.to_owned();
+        return keys::answer(state, req, &id, caller).await;
     }
     if path == "/keys" {
         return keys::answer(state, req, "", caller).await;

@@ -109,10 +109,19 @@ pub(crate) enum AdminError {
         "the request with this key is still in flight (its lease is live); add ?force=true to purge it anyway"
     )]
     InFlight,
-    #[error("/keys/{{id}} takes GET and DELETE")]
+    #[error("/keys/{{id}} takes GET and DELETE, /keys/{{id}}/resolve takes POST")]
     MethodNotAllowed,
     #[error("the idempotency store is unavailable")]
     StoreUnavailable(#[source] StoreError),
+    /// `POST /keys/{id}/resolve` with a body that is not a resolution
+    /// (docs/behaviour.md §18).
+    #[error("not a resolution: {0}")]
+    InvalidResolution(String),
+    /// `POST /keys/{id}/resolve` on a record whose outcome is known, or on a marker.
+    #[error(
+        "only a record whose outcome is unknown can be resolved; this is {0} (it may have been resolved meanwhile)"
+    )]
+    NotUnknown(&'static str),
 }
 
 impl AdminError {
@@ -155,6 +164,18 @@ impl AdminError {
                 "store-unavailable",
                 "Idempotency store unavailable",
                 Some(STORE_RETRY_AFTER),
+            ),
+            E::InvalidResolution(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-resolution",
+                "Invalid resolution",
+                None,
+            ),
+            E::NotUnknown(_) => (
+                StatusCode::CONFLICT,
+                "not-unknown",
+                "Outcome not unknown",
+                None,
             ),
         };
         Problem {

@@ -116,10 +116,12 @@ pub enum StoreOp {
     Ping,
     Inspect,
     Purge,
+    /// [`crate::store::Store::replace`], by which an unknown outcome is resolved.
+    Resolve,
 }
 
 impl StoreOp {
-    pub const ALL: [StoreOp; 9] = [
+    pub const ALL: [StoreOp; 10] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Release,
@@ -129,6 +131,7 @@ impl StoreOp {
         StoreOp::Ping,
         StoreOp::Inspect,
         StoreOp::Purge,
+        StoreOp::Resolve,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -142,6 +145,7 @@ impl StoreOp {
             StoreOp::Ping => "ping",
             StoreOp::Inspect => "inspect",
             StoreOp::Purge => "purge",
+            StoreOp::Resolve => "resolve",
         }
     }
 }
@@ -154,6 +158,11 @@ struct OutcomeLabel {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ExecutedLabel {
+    executed: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -196,6 +205,9 @@ pub struct Metrics {
     admin_purges: Counter,
     /// Sealed records that did not open (docs/behaviour.md §17).
     undecryptable: Counter,
+    /// Unknown outcomes resolved through the admin API: `[executed false, true]`
+    /// (docs/behaviour.md §18).
+    resolutions: [Counter; 2],
     /// Reads of a JWKS that failed, the last good set kept (docs/behaviour.md §17).
     jwks_refresh_failures: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
@@ -302,6 +314,14 @@ impl Metrics {
             "Records and markers removed through the admin API (DELETE /keys/{id})",
             admin_purges.clone(),
         );
+        let resolutions_family = Family::<ExecutedLabel, Counter>::default();
+        let resolutions = ["false", "true"]
+            .map(|executed| resolutions_family.get_or_create_owned(&ExecutedLabel { executed }));
+        registry.register(
+            "idemgate_admin_resolutions",
+            "Unknown outcomes resolved through the admin API (POST /keys/{id}/resolve), by whether the operator said the request executed",
+            resolutions_family,
+        );
         let undecryptable = Counter::default();
         registry.register(
             "idemgate_store_undecryptable",
@@ -316,6 +336,7 @@ impl Metrics {
         );
         Self {
             registry,
+            resolutions,
             undecryptable,
             requests,
             jwks_refresh_failures,
@@ -472,6 +493,11 @@ impl Metrics {
 
     pub fn records_lost(&self) -> u64 {
         self.records_lost.get()
+    }
+
+    pub fn count_resolution(&self, executed: bool) {
+        self.resolutions[usize::from(executed)].inc();
+        self.wake();
     }
 
     pub fn undecryptable(&self) {

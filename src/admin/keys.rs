@@ -12,6 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -31,10 +32,11 @@ pub(super) struct Caller {
     pub(super) peer: SocketAddr,
 }
 
-/// Answers a request for `/keys` or `/keys/{id}` (`id` as it came, still escaped).
-pub(super) async fn answer<S: Store, B>(
+/// Answers a request for `/keys`, `/keys/{id}` or `/keys/{id}/resolve` (`id` as it
+/// came, still escaped).
+pub(super) async fn answer<S: Store>(
     state: &AppState<S>,
-    req: &Request<B>,
+    req: Request<Incoming>,
     id: &str,
     caller: Caller,
 ) -> Response<Full<Bytes>> {
@@ -44,9 +46,9 @@ pub(super) async fn answer<S: Store, B>(
     }
 }
 
-async fn serve<S: Store, B>(
+async fn serve<S: Store>(
     state: &AppState<S>,
-    req: &Request<B>,
+    req: Request<Incoming>,
     id: &str,
     caller: Caller,
 ) -> Result<Response<Full<Bytes>>, AdminError> {
@@ -57,12 +59,27 @@ async fn serve<S: Store, B>(
         caller.local,
         req.headers(),
     )?;
+    let prefix = &state.config.store.key_prefix;
+    if let Some(id) = id.strip_suffix("/resolve") {
+        if req.method() != Method::POST {
+            return Err(AdminError::MethodNotAllowed);
+        }
+        let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
+        let shown = format!("{prefix}{}", key.to_hex());
+        let limit = resolution_limit(live.config.largest_response_body());
+        let body = read_limited(req.into_body(), limit).await?;
+        return Ok(
+            match super::resolve::resolve(state, key, &shown, &body, caller.peer).await? {
+                Some(record) => json(&describe(&shown, &record)),
+                None => no_content(),
+            },
+        );
+    }
     let purge = match *req.method() {
         Method::GET | Method::HEAD => false,
         Method::DELETE => true,
         _ => return Err(AdminError::MethodNotAllowed),
     };
-    let prefix = &state.config.store.key_prefix;
     let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
     let shown = format!("{prefix}{}", key.to_hex());
     if !purge {
@@ -94,13 +111,30 @@ async fn serve<S: Store, B>(
                 "admin purge: the record is removed, and the next request with its key executes again"
             );
             state.metrics.count_purge();
-            let mut response = Response::new(Full::new(Bytes::new()));
-            *response.status_mut() = StatusCode::NO_CONTENT;
-            Ok(response)
+            Ok(no_content())
         }
         Purged::LiveLease => Err(AdminError::InFlight),
         Purged::Absent => Err(AdminError::KeyNotFound),
     }
+}
+
+/// The most a resolution's JSON may take: its body in base64 (4/3 of it, escaped
+/// text is no larger) and room for the status and headers.
+fn resolution_limit(max_body: u64) -> u64 {
+    max_body.saturating_mul(2).saturating_add(64 * 1024)
+}
+
+/// The request body, refused as an invalid resolution past `limit` bytes.
+async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, AdminError> {
+    let limited = http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    http_body_util::BodyExt::collect(limited)
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .map_err(|_| {
+            AdminError::InvalidResolution(format!(
+                "the body could not be read, or is over {limit} bytes"
+            ))
+        })
 }
 
 /// With a token, only its bearer; without one, only on a loopback listener
@@ -234,6 +268,12 @@ fn describe(id: &str, found: &Inspection) -> serde_json::Value {
     }
 }
 
+fn no_content() -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response
+}
+
 fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(value.to_string())));
     response.headers_mut().insert(
@@ -260,12 +300,17 @@ fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
             );
         }
         AdminError::MethodNotAllowed => {
-            headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, DELETE"));
+            headers.insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, DELETE, POST"),
+            );
         }
         AdminError::Forbidden
         | AdminError::KeyNotFound
         | AdminError::InFlight
-        | AdminError::StoreUnavailable(_) => {}
+        | AdminError::StoreUnavailable(_)
+        | AdminError::InvalidResolution(_)
+        | AdminError::NotUnknown(_) => {}
     }
     response
 }

@@ -317,6 +317,16 @@ impl Config {
     /// matches every path. A query string, if one is passed, is ignored. Overlapping
     /// routes are allowed; a route listed after one that covers it never applies,
     /// exactly as "first match wins" says.
+    /// The largest `max_response_body` of any policy: the most an operator's resolution
+    /// of an unknown outcome may record (docs/behaviour.md §18), since a record id does
+    /// not say which policy wrote it.
+    pub fn largest_response_body(&self) -> u64 {
+        self.routes
+            .iter()
+            .map(|route| route.policy.max_response_body)
+            .fold(self.idempotency.max_response_body, u64::max)
+    }
+
     pub fn route_index(&self, path: &str) -> Option<usize> {
         let path = path.split_once('?').map_or(path, |(path, _query)| path);
         self.routes

@@ -8,11 +8,12 @@
 //! [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
 //!             format 2 only: [58..66] claimed at, unix ms
-//! completed:  [34..36] status   [36] body: 0 = stored, 1 = too large to keep
+//! completed:  [34..36] status   [36] flags: bit 0 = body too large to keep, bit 1 =
+//!             outcome unknown (a record written before that flag has 0 or 1)
 //!             format 2 only: [37..45] claimed at, [45..53] completed at, unix ms
 //!             then u16 header count, then per header: u16 name len, name, u32 value
 //!             len, value; then u32 body len, body (raw bytes)
-//! sealed:     [34] body: 0 = stored, 1 = too large   format 2: [35..51] the two times
+//! sealed:     [34] flags, as above   format 2: [35..51] the two times
 //!             then u8 key id len, key id, 12-byte nonce, u32 len, ciphertext: the
 //!             status (u16) and the headers and body laid out as above, under AEAD
 //! ```
@@ -107,6 +108,10 @@ pub struct Completed {
     /// `None` in a format 1 record; set by the proxy before the first attempt to record
     /// it, so that a repeated attempt writes the same bytes.
     pub times: Option<Times>,
+    /// The response is the proxy's `outcome-unknown`: whether the upstream executed the
+    /// request is not known (docs/behaviour.md §4, §18). Readable without a key, so
+    /// that an operator can resolve it.
+    pub unknown: bool,
 }
 
 /// How a completed record holds its response.
@@ -202,7 +207,14 @@ impl Completed {
                 body,
             }),
             times: None,
+            unknown: false,
         }
+    }
+
+    /// The flags byte: bit 0, the body was too large to keep; bit 1, the outcome is
+    /// unknown.
+    fn flags(&self) -> u8 {
+        u8::from(!self.replayable()) | (u8::from(self.unknown) << 1)
     }
 
     /// The response, when it is kept in clear.
@@ -255,14 +267,14 @@ impl Completed {
                 out.put_u8(KIND_COMPLETED);
                 out.put_slice(self.fingerprint.as_bytes());
                 out.put_u16(response.status.as_u16());
-                out.put_u8(u8::from(matches!(response.body, StoredBody::TooLarge)));
+                out.put_u8(self.flags());
                 self.encode_times(out);
                 response.encode_parts(out);
             }
             Kept::Sealed(sealed) => {
                 out.put_u8(KIND_SEALED);
                 out.put_slice(self.fingerprint.as_bytes());
-                out.put_u8(u8::from(sealed.too_large));
+                out.put_u8(self.flags());
                 self.encode_times(out);
                 // Config checks keep ids far shorter; saturating keeps a bad one
                 // detectable on decode rather than misframed.
@@ -297,6 +309,7 @@ impl Completed {
             fingerprint: self.fingerprint,
             kept,
             times: self.times,
+            unknown: self.unknown,
         }
     }
 }
@@ -461,18 +474,19 @@ impl Record {
             KIND_COMPLETED => {
                 need(&buf, 3)?;
                 let status = status(buf.get_u16())?;
-                let too_large = flag(buf.get_u8())?;
+                let (too_large, unknown) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
                 let response = StoredResponse::decode_parts(&mut buf, status, too_large)?;
                 Record::Completed(Arc::new(Completed {
                     fingerprint,
                     kept: Kept::Clear(response),
                     times,
+                    unknown,
                 }))
             }
             KIND_SEALED => {
                 need(&buf, 1)?;
-                let too_large = flag(buf.get_u8())?;
+                let (too_large, unknown) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
                 need(&buf, 1)?;
                 let len = usize::from(buf.get_u8());
@@ -494,6 +508,7 @@ impl Record {
                         ciphertext,
                     }),
                     times,
+                    unknown,
                 }))
             }
             other => return Err(DecodeError::UnknownKind(other)),
@@ -509,12 +524,13 @@ fn status(code: u16) -> Result<StatusCode, DecodeError> {
     StatusCode::from_u16(code).map_err(|_| DecodeError::Invalid("status"))
 }
 
-fn flag(byte: u8) -> Result<bool, DecodeError> {
-    match byte {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(DecodeError::Invalid("body flag")),
+/// `(too large, outcome unknown)` from a flags byte; records written before the second
+/// flag hold 0 or 1.
+fn flags(byte: u8) -> Result<(bool, bool), DecodeError> {
+    if byte > 3 {
+        return Err(DecodeError::Invalid("flags"));
     }
+    Ok((byte & 1 == 1, byte & 2 == 2))
 }
 
 fn decode_times(buf: &mut Bytes, timed: bool) -> Result<Option<Times>, DecodeError> {
@@ -703,6 +719,7 @@ mod tests {
                 ciphertext: Bytes::from_static(b"\x01\x02ciphertext and tag"),
             }),
             times,
+            unknown: false,
         }
     }
 
@@ -714,10 +731,15 @@ mod tests {
             claimed_ms: 1_700_000_000_000,
             completed_ms: 1_700_000_000_250,
         });
+        let unknown = Completed {
+            unknown: true,
+            ..sealed(false, times)
+        };
         for rec in [
             sealed(false, times),
             sealed(true, times),
             sealed(false, None),
+            unknown,
         ] {
             let bytes = rec.encode();
             assert_eq!(bytes[1], KIND_SEALED);
@@ -736,6 +758,32 @@ mod tests {
         assert_eq!(
             Record::decode(good.slice(..good.len() - 1)),
             Err(DecodeError::Truncated)
+        );
+    }
+
+    /// Whether the outcome is unknown is kept beside the body flag, readable without a
+    /// key; records written before it (flags 0 and 1) still load, as known outcomes.
+    #[test]
+    fn the_unknown_flag_round_trips_beside_the_body_flag() {
+        for (too_large, unknown) in [(false, false), (true, false), (false, true), (true, true)] {
+            let body = if too_large {
+                StoredBody::TooLarge
+            } else {
+                StoredBody::Stored(Bytes::from_static(b"{}"))
+            };
+            let rec = Completed {
+                unknown,
+                ..completed(body)
+            };
+            let bytes = rec.encode();
+            assert_eq!(bytes[36], u8::from(too_large) | (u8::from(unknown) << 1));
+            assert_eq!(Record::decode(bytes), Ok(Record::Completed(Arc::new(rec))));
+        }
+        let mut bad = completed(StoredBody::TooLarge).encode().to_vec();
+        bad[36] = 4;
+        assert_eq!(
+            Record::decode(bad.into()),
+            Err(DecodeError::Invalid("flags"))
         );
     }
 

@@ -22,8 +22,8 @@ use super::budget::Held;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
 use super::reply::{
-    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, problem_record,
-    replay_response,
+    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, replay_response,
+    unknown_record,
 };
 use super::state::{AppState, Live, PolicyId};
 use super::upstream::{self, Failure, upstream_request};
@@ -187,7 +187,7 @@ async fn failed<S: Store>(
         }
         // The upstream may have executed it: retries get this same answer.
         (_, OnUnknownOutcome::Record) => {
-            let record = problem_record(&err.problem(), &state.config.errors, fingerprint);
+            let record = unknown_record(&err.problem(), &state.config.errors, fingerprint);
             // The count is outcome_unknown whether or not the record could be kept.
             let _ = lease.complete(record, ttl).await;
         }
@@ -210,6 +210,7 @@ pub(crate) async fn record_abandoned<S: Store>(
         fingerprint,
         kept: Kept::Clear(stored),
         times: None,
+        unknown: true,
     };
     let lease = LeaseGuard::new(state, lease, policy.lease);
     let _ = lease.complete(record, ttl).await;

@@ -102,8 +102,9 @@ pub(crate) fn problem_response(problem: &Problem, errors: &ErrorsConfig) -> Resp
     response
 }
 
-/// A problem as a record to keep under the key, so that retries get the same answer.
-pub(crate) fn problem_record(
+/// An `outcome-unknown` problem as the record of its key, so that retries get the same
+/// answer until someone who knows resolves it (docs/behaviour.md §4, §18).
+pub(crate) fn unknown_record(
     problem: &Problem,
     errors: &ErrorsConfig,
     fingerprint: Fingerprint,
@@ -112,6 +113,7 @@ pub(crate) fn problem_record(
         fingerprint,
         kept: Kept::Clear(problem_stored(problem, errors)),
         times: None,
+        unknown: true,
     }
 }
 
@@ -129,6 +131,7 @@ pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) 
         fingerprint,
         kept: Kept::Clear(abandoned_response(errors)),
         times: None,
+        unknown: true,
     }
 }
 

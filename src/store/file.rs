@@ -34,7 +34,8 @@ use prometheus_client::registry::{Registry, Unit};
 use super::clock::{Clock, TokioClock};
 use super::memory::MemoryWatch;
 use super::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, MemoryStore, Purged, Store, StoreError,
+    Claim, ClaimRequest, Fenced, Inspection, Lease, MemoryStore, Purged, Replaced, Store,
+    StoreError,
 };
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 pub use journal::dir::{LOCK_FILE, OpenError, check_path};
@@ -310,6 +311,15 @@ impl<C: Clock> Store for FileStore<C> {
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
         self.core.purge(key, force).await
+    }
+
+    async fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> Result<Replaced, StoreError> {
+        self.core.replace(key, expected, new).await
     }
 
     /// Ready while the writer runs and no write has failed since the last one that

@@ -16,7 +16,7 @@ use super::clock::{Clock, TokioClock};
 use super::quota::Quotas;
 use super::rules::{Effects, Eviction, Index};
 use super::waiters::{KeyWatch, Registry as Waiters, WaiterMap};
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
 
 /// What makes the shards' changes outlive the process. Called under the lock of the
@@ -600,6 +600,20 @@ impl<C: Clock, D: Durability> Store for MemoryStore<C, D> {
         let now = self.clock.now_ms();
         self.settled(&key, |index, fx| index.purge(&key, force, now, fx))
             .await
+    }
+
+    async fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> Result<Replaced, StoreError> {
+        let new = new.map(|record| Arc::new(record.compacted()));
+        let now = self.clock.now_ms();
+        self.settled(&key, |index, fx| {
+            index.replace(&key, expected, new, now, fx)
+        })
+        .await
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

@@ -128,6 +128,16 @@ pub fn wall_clock_ms() -> u64 {
         .map_or(0, millis)
 }
 
+/// What a [`Store::replace`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replaced {
+    Done,
+    /// Something else is stored there now (resolved or replaced meanwhile): unchanged.
+    Changed,
+    /// Nothing is stored there (purged, or expired).
+    Absent,
+}
+
 /// Whether an owner-checked operation found the caller still owning the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -226,6 +236,17 @@ pub trait Store: Send + Sync + 'static {
         force: bool,
     ) -> impl Future<Output = Result<Purged, StoreError>> + Send;
 
+    /// Atomically replaces what is under `key` with `new`, or removes it when `None`,
+    /// only if it still holds `expected`; a replacement keeps the key's expiry. How an
+    /// operator resolves an unknown outcome (docs/behaviour.md §18): a concurrent resolve
+    /// or purge is never overwritten.
+    fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> impl Future<Output = Result<Replaced, StoreError>> + Send;
+
     /// Adds the store's own metrics (e.g. evictions) to `/metrics`.
     fn register_metrics(&self, _registry: &mut prometheus_client::registry::Registry) {}
 
@@ -306,6 +327,15 @@ impl<T: Store> Store for Arc<T> {
         force: bool,
     ) -> impl Future<Output = Result<Purged, StoreError>> + Send {
         (**self).purge(key, force)
+    }
+
+    fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> impl Future<Output = Result<Replaced, StoreError>> + Send {
+        (**self).replace(key, expected, new)
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, StoreError, millis};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
 
@@ -345,6 +345,34 @@ impl Index {
         // Wakes the waiters: the key is free for their retry.
         self.remove(key, fx);
         Purged::Removed(record)
+    }
+
+    /// Replaces the live record under `key` with `new` (or removes it), keeping its
+    /// expiry and scope, only if it is still `expected` (docs/behaviour.md §18).
+    pub(crate) fn replace(
+        &mut self,
+        key: &ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+        now: u64,
+        fx: &mut impl Effects,
+    ) -> Replaced {
+        let Some(slot) = self.map.get(key).filter(|slot| slot.expires_ms > now) else {
+            fx.saw(self.removed);
+            return Replaced::Absent;
+        };
+        if slot.record != *expected {
+            fx.saw(slot.ticket);
+            return Replaced::Changed;
+        }
+        match new {
+            Some(record) => {
+                let (expires_ms, scope) = (slot.expires_ms, slot.scope);
+                self.put(*key, Record::Completed(record), expires_ms, scope, fx);
+            }
+            None => self.remove(key, fx),
+        }
+        Replaced::Done
     }
 
     /// Drops every entry whose ttl has passed, waking its waiters, and learns when the

@@ -117,6 +117,7 @@ impl Keyring {
                 ciphertext: buf.freeze(),
             }),
             times: record.times,
+            unknown: record.unknown,
         }
     }
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
-use crate::idempotency::{Completed, OwnerToken, ScopedKey};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
+use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
 
 /// What a layer does around each store call, named by its operation.
@@ -148,6 +148,17 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
             .await
     }
 
+    async fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> Result<Replaced, StoreError> {
+        self.around
+            .around(StoreOp::Resolve, self.inner.replace(key, expected, new))
+            .await
+    }
+
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.register_metrics(registry);
     }
@@ -208,6 +219,14 @@ mod tests {
             std::future::pending().await
         }
         async fn purge(&self, _: ScopedKey, _: bool) -> Result<Purged, StoreError> {
+            std::future::pending().await
+        }
+        async fn replace(
+            &self,
+            _: ScopedKey,
+            _: &Record,
+            _: Option<Arc<Completed>>,
+        ) -> Result<Replaced, StoreError> {
             std::future::pending().await
         }
     }

@@ -1,12 +1,12 @@
-//! The admin API's read and purge (docs/behaviour.md §13), each one script so that what
-//! is reported or removed is one state of the key.
+//! The admin API's read, purge and resolve (docs/behaviour.md §13, §18), each one script
+//! so that what is reported or changed is one state of the key.
 
 use bytes::Bytes;
 use redis::Value;
 
 use super::{RedisStore, now_ms, unavailable};
-use crate::idempotency::{Record, ScopedKey};
-use crate::store::{Inspection, Purged, StoreError};
+use crate::idempotency::{Completed, Record, ScopedKey};
+use crate::store::{Inspection, Purged, Replaced, StoreError};
 
 impl RedisStore {
     pub(super) async fn inspect_key(
@@ -69,6 +69,39 @@ impl RedisStore {
                 Ok(decode(value).map_or(Purged::Unreadable, Purged::Removed))
             }
             _ => Err(StoreError::Protocol("unexpected reply to the purge script")),
+        }
+    }
+}
+
+impl RedisStore {
+    /// Compares the stored bytes with `expected`'s encoding: a record reads back and
+    /// encodes to the bytes it was read from.
+    pub(super) async fn replace_key(
+        &self,
+        key: &ScopedKey,
+        expected: &Record,
+        new: Option<&Completed>,
+    ) -> Result<Replaced, StoreError> {
+        let mut conn = self.conn().await?;
+        let new = new
+            .map(|record| record.encode().to_vec())
+            .unwrap_or_default();
+        let reply: i64 = self
+            .scripts
+            .replace
+            .key(self.record_key(key))
+            .arg(expected.encode().as_ref())
+            .arg(new)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        match reply {
+            1 => Ok(Replaced::Done),
+            0 => Ok(Replaced::Changed),
+            -1 => Ok(Replaced::Absent),
+            _ => Err(StoreError::Protocol(
+                "unexpected reply to the replace script",
+            )),
         }
     }
 }

@@ -26,7 +26,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Store, StoreError};
+use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::worker::PerWorker;
@@ -47,6 +47,7 @@ struct Scripts {
     take_over: Script,
     inspect: Script,
     purge: Script,
+    replace: Script,
 }
 
 impl Scripts {
@@ -60,6 +61,7 @@ impl Scripts {
             take_over: owned(include_str!("take_over.lua")),
             inspect: Script::new(include_str!("inspect.lua")),
             purge: owned(include_str!("purge.lua")),
+            replace: Script::new(include_str!("replace.lua")),
         }
     }
 }
@@ -531,6 +533,15 @@ impl Store for RedisStore {
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
         self.purge_key(&key, force).await
+    }
+
+    async fn replace(
+        &self,
+        key: ScopedKey,
+        expected: &Record,
+        new: Option<Arc<Completed>>,
+    ) -> Result<Replaced, StoreError> {
+        self.replace_key(&key, expected, new.as_deref()).await
     }
 }
 
