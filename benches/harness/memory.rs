@@ -153,8 +153,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         let tuning = Tuning {
             max_entries: Some(plan.entries),
             admin_port: Some(admin_port),
-            ttl: None,
-            json_key_route: false,
+            ..Tuning::default()
         };
         std::fs::write(
             &config,
@@ -220,6 +219,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         addr,
         path: "/unguarded",
         keys: load::Keys::None,
+        authorization: load::AUTHORIZATION,
         expect_replayed: false,
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
@@ -243,6 +243,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         addr,
         path: "/charges",
         keys: load::Keys::Fresh(format!("mem-{nonce}")),
+        authorization: load::AUTHORIZATION,
         expect_replayed: false,
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
