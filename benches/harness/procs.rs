@@ -578,3 +578,18 @@ pub(crate) fn metric(text: &str, name: &str) -> Result<u64, BoxError> {
         .map(|v| v.max(0.0) as u64)
         .ok_or_else(|| format!("/metrics has no {name}").into())
 }
+
+/// The sum of every series of a labelled counter in a `/metrics` text, whatever its
+/// labels, as a whole number: 0 when it has none yet (a labelled family prints no
+/// series until one of its label sets is counted).
+pub(crate) fn metric_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum::<f64>()
+        .max(0.0) as u64
+}
