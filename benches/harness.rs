@@ -8,10 +8,15 @@
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
 //! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
 //! a redis-server of its own and on the file store (with and without fsync, in the
-//! harness's temp dir), and nginx when it is on `PATH`; then drives each target
+//! harness's temp dir), and nginx when it is on `PATH`; with `--targets`, also the
+//! file store of another binary, Redis with a replica, the memory and Redis stores with
+//! `store.encryption` (`memory-enc`, `redis-enc`), and the memory store scoped by the
+//! principal of a bearer JWT whose keys and tokens are made at start (`memory-jwt-rs256`,
+//! `memory-jwt-es256`; docs/behaviour.md §17). It then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands and file-store flushes per request,
-//! and the targets of issues 6 and 12. Unless `--concurrency` is given, a second pass
+//! and the targets of issues 6 and 12, and of issue 27 (encryption and a JWT principal
+//! against the same store without them). Unless `--concurrency` is given, a second pass
 //! then measures every (target, scenario) again at low load: one keep-alive connection,
 //! one request at a time, the baseline again right before each scenario's targets; its
 //! table gives p50 as microseconds above the baseline's, for the targets of issue 16.
@@ -25,13 +30,15 @@
 //!   each pass: the main one, then one connection).
 //! - [`servers`]: the upstream and the baseline plain proxy.
 //! - [`targets`]: starting the targets; one measured (target, scenario).
+//! - [`principal`]: the JWT targets' key pairs, JWK sets and tokens (through `jwt`, the
+//!   integration tests' helpers).
 //! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12 and 16, PASS or FAIL (informational).
+//! - [`goals`]: the targets of issues 6, 12, 16 and 27, PASS or FAIL (informational).
 
 #![allow(
     clippy::print_stdout,
@@ -48,12 +55,19 @@ mod cpu;
 mod disk;
 #[path = "harness/goals.rs"]
 mod goals;
+// The integration tests' key pairs, tokens and JWK sets, for the `memory-jwt-*` targets
+// (benches build with the dev-dependencies); the tests' HTTPS identity provider is unused.
+#[path = "../tests/it/support/jwt.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod jwt;
 #[path = "harness/load.rs"]
 mod load;
 #[path = "harness/memory.rs"]
 mod memory;
 #[path = "harness/open.rs"]
 mod open;
+#[path = "harness/principal.rs"]
+mod principal;
 #[path = "harness/procs.rs"]
 mod procs;
 #[path = "harness/report.rs"]
@@ -78,7 +92,15 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) enum TargetKind {
     Baseline,
     Memory,
+    /// The memory store with `store.encryption` (docs/behaviour.md §17).
+    MemoryEnc,
+    /// The memory store, scoped by the principal of an RS256 JWT (docs/behaviour.md §17).
+    MemoryJwtRs256,
+    /// The same with an ES256 JWT.
+    MemoryJwtEs256,
     Redis,
+    /// Redis with `store.encryption`, on the same redis-server under another `key_prefix`.
+    RedisEnc,
     /// Redis with a replica and `store.min_replicas: 1` (docs/behaviour.md §14).
     RedisReplica,
     /// The file store with `fsync: true` (docs/behaviour.md §12).
@@ -98,7 +120,11 @@ impl TargetKind {
         match self {
             TargetKind::Baseline => "plain-proxy",
             TargetKind::Memory => "idemgate-memory",
+            TargetKind::MemoryEnc => "idemgate-memory-enc",
+            TargetKind::MemoryJwtRs256 => "idemgate-memory-jwt-rs256",
+            TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
             TargetKind::Redis => "idemgate-redis",
+            TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
             TargetKind::File => "idemgate-file",
             TargetKind::FileNoSync => "idemgate-file-nosync",
@@ -112,7 +138,11 @@ impl TargetKind {
         matches!(
             self,
             TargetKind::Memory
+                | TargetKind::MemoryEnc
+                | TargetKind::MemoryJwtRs256
+                | TargetKind::MemoryJwtEs256
                 | TargetKind::Redis
+                | TargetKind::RedisEnc
                 | TargetKind::RedisReplica
                 | TargetKind::File
                 | TargetKind::FileNoSync
@@ -364,6 +394,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         // A smoke run judges correctness only: targets need real durations.
         if !args.smoke {
             goals::issues_6_and_12(&main);
+            goals::issue_27(&main);
         }
     }
     // Issue 16: the same runs at one connection, where latency is a request's own cost

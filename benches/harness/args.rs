@@ -23,11 +23,16 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       median of the N rounds' values, with their range   [1]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
                       (also what `cargo test --benches` runs: no arguments at all)
-  --targets LIST      subset of memory,redis,file,file-nosync,nginx, and
+  --targets LIST      subset of memory,redis,file,file-nosync,nginx (the default;
+                      the baseline always runs), and, not in the default run:
                       other-file,other-file-nosync: the file store of the binary
-                      IDEMGATE_OTHER_BIN, to compare two engines (the baseline
-                      always runs), or redis-replica (not in the default run): Redis
-                      with a replica and store.min_replicas: 1
+                      IDEMGATE_OTHER_BIN, to compare two engines; redis-replica:
+                      Redis with a replica and store.min_replicas: 1;
+                      memory-enc,redis-enc: store.encryption on (issue 27; redis-enc
+                      shares redis's redis-server under another key_prefix);
+                      memory-jwt-rs256,memory-jwt-es256: scope_principal jwt with a
+                      jwks_file, every request a bearer JWT (RSA 2048 keys need the
+                      openssl command)
   --scenarios LIST    subset of unguarded,miss,hit,json-key
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
@@ -178,7 +183,11 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             "--targets" => {
                 args.targets = list(value()?, |name| match name {
                     "memory" => Some(TargetKind::Memory),
+                    "memory-enc" => Some(TargetKind::MemoryEnc),
+                    "memory-jwt-rs256" => Some(TargetKind::MemoryJwtRs256),
+                    "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
                     "redis" => Some(TargetKind::Redis),
+                    "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),
                     "file" => Some(TargetKind::File),
                     "file-nosync" => Some(TargetKind::FileNoSync),

@@ -111,6 +111,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         addr,
         path: "/charges",
         keys: load::Keys::Fresh(format!("disk-{nonce}")),
+        authorization: load::AUTHORIZATION,
         expect_replayed: false,
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,

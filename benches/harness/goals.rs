@@ -1,5 +1,5 @@
-//! The targets the issues set, checked against the rows of this run: issues 6 and 12 on
-//! the main pass, issue 16 on both passes. Informational: a `FAIL` is printed, and does
+//! The targets the issues set, checked against the rows of this run: issues 6, 12 and 27
+//! on the main pass, issue 16 on both passes. Informational: a `FAIL` is printed, and does
 //! not fail the run (only the correctness checks do). A smoke run prints none of them:
 //! at its durations they mean nothing, and a passing test run must print no `FAIL`.
 
@@ -17,6 +17,9 @@ enum Metric {
     Switches,
     /// p50 minus the baseline's, in µs; at most the bound.
     P50AboveBase,
+    /// The target process's CPU µs per request as a ratio to the other's; at most the
+    /// bound.
+    Cpu,
 }
 
 impl Metric {
@@ -26,19 +29,20 @@ impl Metric {
             Metric::P99 => ratio(row.p99_ms(), base.p99_ms()),
             Metric::Switches => row.switches(),
             Metric::P50AboveBase => row.p50_us() - base.p50_us(),
+            Metric::Cpu => ratio(row.cpu_us(), base.cpu_us()),
         }
     }
 
     fn met(self, value: f64, bound: f64) -> bool {
         match self {
             Metric::Rps => value >= bound,
-            Metric::P99 | Metric::Switches | Metric::P50AboveBase => value <= bound,
+            Metric::P99 | Metric::Switches | Metric::P50AboveBase | Metric::Cpu => value <= bound,
         }
     }
 
     fn show(self, value: f64) -> String {
         match self {
-            Metric::Rps | Metric::P99 => format!("{value:.2}×"),
+            Metric::Rps | Metric::P99 | Metric::Cpu => format!("{value:.2}×"),
             Metric::Switches => format!("{value:.3}"),
             Metric::P50AboveBase => format!("{value:+.0} µs"),
         }
@@ -95,6 +99,53 @@ pub(crate) fn issues_6_and_12(rounds: &[Vec<Row>]) {
             "  info  {:>8}  nginx, unguarded req/s (issue 6 quotes 1.25× from another run)",
             format!("{value:.2}×")
         );
+    }
+}
+
+/// A goal of issue 27: a target against the same store without the feature it turns on,
+/// measured in the same round, rather than against the baseline.
+#[derive(Debug)]
+struct Relative {
+    label: &'static str,
+    target: TargetKind,
+    /// The same store, without encryption or `scope_principal`.
+    reference: TargetKind,
+    scenario: Scenario,
+    /// The least req/s as a fraction of the reference's; its CPU per request may be at
+    /// most the reference's over this.
+    bound: f64,
+}
+
+/// The targets of issue 27, on the main pass (one set of rows per round): what
+/// encryption at rest and a JWT principal cost (docs/behaviour.md §17).
+pub(crate) fn issue_27(rounds: &[Vec<Row>]) {
+    println!(
+        "\ntargets of issue 27 (each against the same store without it, in the same round){}:",
+        of_rounds(rounds.len()),
+    );
+    for goal in &ISSUE_27 {
+        let lines = [
+            (Metric::Rps, goal.bound, ">=", "req/s"),
+            (Metric::Cpu, 1.0 / goal.bound, "<=", "proxy CPU µs/req"),
+        ];
+        for (metric, bound, cmp, what) in lines {
+            let values: Vec<f64> = rounds
+                .iter()
+                .filter_map(|rows| {
+                    let find = |target: TargetKind| {
+                        rows.iter()
+                            .find(|r| r.target() == target && r.scenario() == goal.scenario)
+                    };
+                    Some(metric.of(find(goal.target)?, find(goal.reference)?))
+                })
+                .collect();
+            let label = format!(
+                "{}, {what} {cmp} {bound:.2}x {}'s",
+                goal.label,
+                goal.reference.name()
+            );
+            judge(&values, metric, bound, &label);
+        }
     }
 }
 
@@ -338,5 +389,52 @@ const ISSUE_16_MAIN: [Goal; 12] = [
         scenario: Scenario::Miss,
         metric: Metric::P99,
         bound: 2.00,
+    },
+];
+
+/// Issue 27: encryption costs at most 5 % on each store, a JWT principal at most 10 % of a
+/// replay (ES256 beside RS256, which the issue names).
+const ISSUE_27: [Relative; 6] = [
+    Relative {
+        label: "miss on memory with encryption",
+        target: TargetKind::MemoryEnc,
+        reference: TargetKind::Memory,
+        scenario: Scenario::Miss,
+        bound: 0.95,
+    },
+    Relative {
+        label: "hit on memory with encryption",
+        target: TargetKind::MemoryEnc,
+        reference: TargetKind::Memory,
+        scenario: Scenario::Hit,
+        bound: 0.95,
+    },
+    Relative {
+        label: "miss on Redis with encryption",
+        target: TargetKind::RedisEnc,
+        reference: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        bound: 0.95,
+    },
+    Relative {
+        label: "hit on Redis with encryption",
+        target: TargetKind::RedisEnc,
+        reference: TargetKind::Redis,
+        scenario: Scenario::Hit,
+        bound: 0.95,
+    },
+    Relative {
+        label: "hit on memory scoped by an RS256 JWT",
+        target: TargetKind::MemoryJwtRs256,
+        reference: TargetKind::Memory,
+        scenario: Scenario::Hit,
+        bound: 0.90,
+    },
+    Relative {
+        label: "hit on memory scoped by an ES256 JWT (beside RS256)",
+        target: TargetKind::MemoryJwtEs256,
+        reference: TargetKind::Memory,
+        scenario: Scenario::Hit,
+        bound: 0.90,
     },
 ];

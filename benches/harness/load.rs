@@ -22,8 +22,9 @@ pub(crate) const REQUEST_BODY: &str = concat!(
 );
 
 /// Every request sends a credential, as real payment API calls do; idemgate hashes it
-/// into the key's scope.
-const AUTHORIZATION: &str = "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc";
+/// into the key's scope. The targets scoped by a JWT principal send a token instead
+/// ([`Plan::authorization`]).
+pub(crate) const AUTHORIZATION: &str = "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc";
 
 /// A request that takes longer than this counts as an error; keeps a run bounded.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,6 +46,9 @@ pub(crate) struct Plan {
     pub(crate) addr: SocketAddr,
     pub(crate) path: &'static str,
     pub(crate) keys: Keys,
+    /// The `Authorization` value every request carries: [`AUTHORIZATION`], or a target's
+    /// bearer JWT (docs/behaviour.md §17).
+    pub(crate) authorization: &'static str,
     /// Must every response carry `Idempotent-Replayed: true` (or must none)?
     pub(crate) expect_replayed: bool,
     pub(crate) concurrency: usize,
@@ -157,10 +161,11 @@ pub(crate) async fn one_request(
     addr: SocketAddr,
     path: &str,
     key: Option<&str>,
+    authorization: &str,
 ) -> Result<(StatusCode, bool), String> {
     let host = host_value(addr);
     let mut sender = connect(addr).await?;
-    let req = request(&host, path, key)?;
+    let req = request(&host, path, key, authorization)?;
     tokio::time::timeout(REQUEST_TIMEOUT, exchange(&mut sender, req))
         .await
         .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
@@ -196,8 +201,10 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
             }
         };
         let built = match (&plan.keys, key) {
-            (Keys::FreshInBody(_), Some(key)) => request_keyed_in_body(&host, plan.path, key),
-            _ => request(&host, plan.path, key),
+            (Keys::FreshInBody(_), Some(key)) => {
+                request_keyed_in_body(&host, plan.path, key, plan.authorization)
+            }
+            _ => request(&host, plan.path, key, plan.authorization),
         };
         let req = match built {
             Ok(req) => req,
@@ -273,11 +280,16 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
     Ok(sender)
 }
 
-fn request(host: &str, path: &str, key: Option<&str>) -> Result<Request<Full<Bytes>>, String> {
+fn request(
+    host: &str,
+    path: &str,
+    key: Option<&str>,
+    authorization: &str,
+) -> Result<Request<Full<Bytes>>, String> {
     let mut builder = Request::post(path)
         .header(header::HOST, host)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(header::AUTHORIZATION, AUTHORIZATION);
+        .header(header::AUTHORIZATION, authorization);
     if let Some(key) = key {
         builder = builder.header("idempotency-key", key);
     }
@@ -293,12 +305,13 @@ fn request_keyed_in_body(
     host: &str,
     path: &str,
     key: &str,
+    authorization: &str,
 ) -> Result<Request<Full<Bytes>>, String> {
     let body = REQUEST_BODY.replacen(r#""order_id":"6735""#, &format!(r#""order_id":"{key}""#), 1);
     Request::post(path)
         .header(header::HOST, host)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(header::AUTHORIZATION, AUTHORIZATION)
+        .header(header::AUTHORIZATION, authorization)
         .body(Full::new(Bytes::from(body)))
         .map_err(|e| format!("build request: {e}"))
 }

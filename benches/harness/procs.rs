@@ -230,7 +230,19 @@ pub(crate) struct Tuning {
     /// only when that scenario runs, so that an idemgate from before key sources can be
     /// measured (`IDEMGATE_BIN`) on the others.
     pub(crate) json_key_route: bool,
+    /// `store.encryption.keys: [{id: bench, key: ENCRYPTION_KEY}]` (docs/behaviour.md
+    /// §17): every completed record is sealed with AES-256-GCM.
+    pub(crate) encryption: bool,
+    /// `store.key_prefix`, so that two targets on one redis-server keep apart records.
+    pub(crate) key_prefix: Option<&'static str>,
+    /// The file name, in the harness's temp dir, of a JWK set: the default policy then
+    /// has `scope_principal: {jwt: {jwks_file: ...}}` (docs/behaviour.md §17).
+    pub(crate) jwks_file: Option<&'static str>,
 }
+
+/// The encryption key of the `-enc` targets: 32 bytes (`bench-only-key-not-a-secret-32b!`)
+/// in base64, fixed so that a run's configs can be read back; it guards nothing.
+const ENCRYPTION_KEY: &str = "YmVuY2gtb25seS1rZXktbm90LWEtc2VjcmV0LTMyYiE=";
 
 /// Where an idemgate target of the harness keeps its file store, inside `dir`.
 pub(crate) fn file_store_dir(dir: &Path, fsync: bool) -> PathBuf {
@@ -285,14 +297,35 @@ pub(crate) fn idemgate_yaml(
             )
         }
     };
-    let idempotency = tuning.ttl.map_or_else(String::new, |ttl| {
+    let mut policy = tuning.ttl.map_or_else(String::new, |ttl| {
         let ms = ttl.as_millis().max(1);
         // idemgate refuses a lease under 100ms.
         let lease = ms.max(100);
-        format!("idempotency:\n  ttl: {ms}ms\n  lease: {lease}ms\n")
+        format!("  ttl: {ms}ms\n  lease: {lease}ms\n")
     });
+    // In the default policy, so that every guarded route (`/charges`, `/orders`) scopes
+    // by the token's `iss` and `sub` instead of the raw Authorization value.
+    if let Some(jwks) = tuning.jwks_file {
+        policy.push_str(&format!(
+            "  scope_principal:\n    jwt:\n      jwks_file: \"{}\"\n",
+            dir.join(jwks).display()
+        ));
+    }
+    let idempotency = if policy.is_empty() {
+        policy
+    } else {
+        format!("idempotency:\n{policy}")
+    };
     if let Some(n) = tuning.max_entries {
         store.push_str(&format!("  max_entries: {n}\n"));
+    }
+    if let Some(prefix) = tuning.key_prefix {
+        store.push_str(&format!("  key_prefix: \"{prefix}\"\n"));
+    }
+    if tuning.encryption {
+        store.push_str(&format!(
+            "  encryption:\n    keys:\n      - {{id: bench, key: \"{ENCRYPTION_KEY}\"}}\n"
+        ));
     }
     let admin = tuning
         .admin_port
@@ -544,4 +577,19 @@ pub(crate) fn metric(text: &str, name: &str) -> Result<u64, BoxError> {
         })
         .map(|v| v.max(0.0) as u64)
         .ok_or_else(|| format!("/metrics has no {name}").into())
+}
+
+/// The sum of every series of a labelled counter in a `/metrics` text, whatever its
+/// labels, as a whole number: 0 when it has none yet (a labelled family prints no
+/// series until one of its label sets is counted).
+pub(crate) fn metric_sum(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| value.trim().parse::<f64>().ok())?
+        })
+        .sum::<f64>()
+        .max(0.0) as u64
 }

@@ -116,6 +116,11 @@ impl Row {
         self.outcome.rps()
     }
 
+    /// The target process's CPU time per measured request, in µs.
+    pub(crate) fn cpu_us(&self) -> f64 {
+        self.cpu.proxy.cpu_us
+    }
+
     /// The target process's context switches per measured request.
     pub(crate) fn switches(&self) -> f64 {
         self.cpu.proxy.switches
@@ -168,7 +173,7 @@ pub(crate) fn machine(idemgate: &Path, redis: Option<&Path>, nginx: Option<&Path
 /// One line as soon as a run ends.
 pub(crate) fn progress(row: &Row) {
     println!(
-        "  {:<16} {:<10} {:>7.0} req/s  p50 {:>6.3} ms  p99 {:>6.3} ms  proxy cpu {:>5.1} µs/req  other load {:.2} CPUs{}",
+        "  {:<25} {:<10} {:>7.0} req/s  p50 {:>6.3} ms  p99 {:>6.3} ms  proxy cpu {:>5.1} µs/req  other load {:.2} CPUs{}",
         row.target.name(),
         row.scenario.name(),
         row.outcome.rps(),

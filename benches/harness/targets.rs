@@ -7,9 +7,9 @@ use std::process::Command;
 use std::sync::Arc;
 
 use crate::args::Pass;
-use crate::procs::{self, Proc, Store};
+use crate::procs::{self, Proc, Store, Tuning};
 use crate::report::{self, Row};
-use crate::{BoxError, Scenario, TargetKind, cpu, load};
+use crate::{BoxError, Scenario, TargetKind, cpu, load, principal};
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +20,11 @@ pub(crate) struct Target {
     redis: Option<Redis>,
     /// The admin port of a file-store target, whose flush counters are read.
     admin: Option<u16>,
+    /// The `Authorization` value of its requests: [`load::AUTHORIZATION`], or a bearer
+    /// JWT for the targets scoped by its principal.
+    authorization: &'static str,
+    /// The other tokens of a target scoped by a JWT principal, for the checks of `hit`.
+    tokens: Option<principal::Tokens>,
 }
 
 /// The redis-server behind a target.
@@ -69,6 +74,8 @@ pub(crate) async fn start(
         pid: proc.pid(),
         redis: None,
         admin: None,
+        authorization: load::AUTHORIZATION,
+        tokens: None,
     });
     procs.push(proc);
 
@@ -78,7 +85,9 @@ pub(crate) async fn start(
         .any(|kind| wanted.contains(kind))
         .then(procs::other_bin)
         .transpose()?;
-    let start_idemgate = |kind: TargetKind, store: Store, admin_port: Option<u16>| {
+    // `tuning` says what differs from the plain config: the admin port, encryption, the
+    // key prefix, the JWK set.
+    let start_idemgate = |kind: TargetKind, store: Store, tuning: Tuning| {
         let dir = dir.to_owned();
         let bin = match (&store, &other) {
             (Store::File { other: true, .. }, Some(other)) => other.clone(),
@@ -87,10 +96,10 @@ pub(crate) async fn start(
         async move {
             let config = dir.join(format!("{}.yaml", kind.name()));
             procs::spawn_server(kind.name(), &dir, false, |port| {
-                let tuning = procs::Tuning {
-                    admin_port: admin_port.filter(|admin| *admin != port),
+                let tuning = Tuning {
+                    admin_port: tuning.admin_port.filter(|admin| *admin != port),
                     json_key_route,
-                    ..procs::Tuning::default()
+                    ..tuning
                 };
                 std::fs::write(
                     &config,
@@ -103,19 +112,47 @@ pub(crate) async fn start(
             .await
         }
     };
-    if wanted.contains(&TargetKind::Memory) {
-        let (proc, addr) = start_idemgate(TargetKind::Memory, Store::Memory, None).await?;
+    // The memory store plain, encrypted, and scoped by the principal of a JWT.
+    for kind in [
+        TargetKind::Memory,
+        TargetKind::MemoryEnc,
+        TargetKind::MemoryJwtRs256,
+        TargetKind::MemoryJwtEs256,
+    ] {
+        if !wanted.contains(&kind) {
+            continue;
+        }
+        let alg = match kind {
+            TargetKind::MemoryJwtRs256 => Some(principal::Alg::Rs256),
+            TargetKind::MemoryJwtEs256 => Some(principal::Alg::Es256),
+            _ => None,
+        };
+        // The JWK set must be in place before idemgate loads its config.
+        let tokens = alg.map(|alg| principal::make(dir, alg)).transpose()?;
+        let tuning = Tuning {
+            encryption: kind == TargetKind::MemoryEnc,
+            jwks_file: alg.map(principal::Alg::jwks_file),
+            ..Tuning::default()
+        };
+        let (proc, addr) = start_idemgate(kind, Store::Memory, tuning).await?;
         targets.push(Target {
-            kind: TargetKind::Memory,
+            kind,
             addr,
             pid: proc.pid(),
             redis: None,
             admin: None,
+            authorization: tokens.map_or(load::AUTHORIZATION, |t| t.authorization),
+            tokens,
         });
         procs.push(proc);
     }
+    // One redis-server for `redis` and `redis-enc`, each under a key prefix of its own.
     let redis_server = procs::on_path("redis-server");
-    if wanted.contains(&TargetKind::Redis) {
+    let redis_kinds = [
+        (TargetKind::Redis, false, None),
+        (TargetKind::RedisEnc, true, Some("idemgate-enc:")),
+    ];
+    if redis_kinds.iter().any(|(kind, ..)| wanted.contains(kind)) {
         match &redis_server {
             Some(redis) => {
                 let redis_dir = dir.to_owned();
@@ -133,18 +170,39 @@ pub(crate) async fn start(
                     pid: proc.pid(),
                 };
                 procs.push(proc);
-                let (proc, addr) =
-                    start_idemgate(TargetKind::Redis, Store::Redis(redis.port), None).await?;
-                targets.push(Target {
-                    kind: TargetKind::Redis,
-                    addr,
-                    pid: proc.pid(),
-                    redis: Some(redis),
-                    admin: None,
-                });
-                procs.push(proc);
+                for (kind, encryption, key_prefix) in redis_kinds {
+                    if !wanted.contains(&kind) {
+                        continue;
+                    }
+                    let tuning = Tuning {
+                        encryption,
+                        key_prefix,
+                        ..Tuning::default()
+                    };
+                    let (proc, addr) =
+                        start_idemgate(kind, Store::Redis(redis.port), tuning).await?;
+                    targets.push(Target {
+                        kind,
+                        addr,
+                        pid: proc.pid(),
+                        redis: Some(redis),
+                        admin: None,
+                        authorization: load::AUTHORIZATION,
+                        tokens: None,
+                    });
+                    procs.push(proc);
+                }
             }
-            None => notes.push("idemgate-redis skipped: redis-server is not on PATH".to_owned()),
+            None => {
+                for (kind, ..) in redis_kinds {
+                    if wanted.contains(&kind) {
+                        notes.push(format!(
+                            "{} skipped: redis-server is not on PATH",
+                            kind.name()
+                        ));
+                    }
+                }
+            }
         }
     }
     // A master and its replica, and idemgate with `min_replicas: 1`
@@ -184,7 +242,7 @@ pub(crate) async fn start(
                 let (proc, addr) = start_idemgate(
                     TargetKind::RedisReplica,
                     Store::RedisReplicated(redis.port),
-                    None,
+                    Tuning::default(),
                 )
                 .await?;
                 targets.push(Target {
@@ -193,6 +251,8 @@ pub(crate) async fn start(
                     pid: proc.pid(),
                     redis: Some(redis),
                     admin: None,
+                    authorization: load::AUTHORIZATION,
+                    tokens: None,
                 });
                 procs.push(proc);
             }
@@ -213,13 +273,19 @@ pub(crate) async fn start(
         if wanted.contains(&kind) {
             let admin = procs::free_port()?;
             let store = Store::File { fsync, other };
-            let (proc, addr) = start_idemgate(kind, store, Some(admin)).await?;
+            let tuning = Tuning {
+                admin_port: Some(admin),
+                ..Tuning::default()
+            };
+            let (proc, addr) = start_idemgate(kind, store, tuning).await?;
             targets.push(Target {
                 kind,
                 addr,
                 pid: proc.pid(),
                 redis: None,
                 admin: Some(admin),
+                authorization: load::AUTHORIZATION,
+                tokens: None,
             });
             procs.push(proc);
         }
@@ -243,6 +309,8 @@ pub(crate) async fn start(
                     pid: proc.pid(),
                     redis: None,
                     admin: None,
+                    authorization: load::AUTHORIZATION,
+                    tokens: None,
                 });
                 procs.push(proc);
             }
@@ -281,12 +349,17 @@ impl Target {
         if let load::Keys::Fixed(key) = &keys {
             // The first request executes; it is made before the run so that every measured
             // request is a replay (and none races the first into 409 in-flight).
-            match load::one_request(self.addr, scenario.path(), Some(key)).await {
+            match load::one_request(self.addr, scenario.path(), Some(key), self.authorization).await
+            {
                 Ok((status, false)) if status.is_success() => {}
                 Ok((status, replayed)) => problems.push(format!(
                     "priming the hit key: {status}, replayed {replayed} (want 2xx, first execution)"
                 )),
                 Err(err) => problems.push(format!("priming the hit key: {err}")),
+            }
+            if let Some(tokens) = self.tokens {
+                self.check_principal(scenario.path(), key, tokens, &mut problems)
+                    .await;
             }
         }
         let before = match self.redis {
@@ -301,6 +374,7 @@ impl Target {
             addr: self.addr,
             path: scenario.path(),
             keys,
+            authorization: self.authorization,
             expect_replayed: self.kind.is_idemgate() && scenario == Scenario::Hit,
             concurrency: pass.concurrency,
             warmup: pass.warmup,
@@ -373,6 +447,48 @@ impl Target {
             }
         }
         Row::new(self.kind, scenario, outcome, redis, store, cpu, problems)
+    }
+}
+
+impl Target {
+    /// That the key just executed with the load's token is scoped by the token's
+    /// principal, not by the raw `Authorization` value (docs/behaviour.md §17): another
+    /// token for the same `iss` and `sub` replays it, a token for another `sub` executes
+    /// it anew in its own scope, and a forged signature is refused with `401`.
+    async fn check_principal(
+        self,
+        path: &str,
+        key: &str,
+        tokens: principal::Tokens,
+        problems: &mut Vec<String>,
+    ) {
+        let checks = [
+            (
+                "a refreshed token of the same principal",
+                tokens.refreshed,
+                Some(true),
+            ),
+            ("a token of another principal", tokens.other, Some(false)),
+            ("a forged token", tokens.forged, None),
+        ];
+        for (what, authorization, want_replayed) in checks {
+            let answer = load::one_request(self.addr, path, Some(key), authorization).await;
+            let ok = match (&answer, want_replayed) {
+                (Ok((status, replayed)), Some(want)) => status.is_success() && *replayed == want,
+                (Ok((status, _)), None) => *status == http::StatusCode::UNAUTHORIZED,
+                (Err(_), _) => false,
+            };
+            if !ok {
+                let want = match want_replayed {
+                    Some(true) => "2xx, replayed",
+                    Some(false) => "2xx, first execution",
+                    None => "401",
+                };
+                problems.push(format!(
+                    "the hit key with {what}: {answer:?} (want {want}): not scoped by the principal"
+                ));
+            }
+        }
     }
 }
 
