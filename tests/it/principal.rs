@@ -14,7 +14,8 @@ use http::StatusCode;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use support::bin::{Running, TempConfig, free_port, idemgate, run};
-use support::jwt::{Dir, IdpUpstream, Pki, SigningKey, claims, epoch, jwks};
+use support::jwt::{Dir, IdpUpstream, SigningKey, claims, epoch, jwks};
+use support::pki::Pki;
 use support::{Proxy, Resp, TestClient, Upstream};
 
 const ISS: &str = "https://idp.test";
@@ -289,7 +290,12 @@ async fn a_jwks_url_is_read_over_https_rotated_and_kept_through_a_failed_refresh
     let pki = Pki::new("jwks");
     let dir = Dir::new("url");
     let (k1, k2) = (SigningKey::rsa(&dir, "k1"), SigningKey::ec("k2"));
-    let idp = IdpUpstream::start(&pki, jwks(&[&k1])).await;
+    let idp = IdpUpstream::start(
+        &pki.path("server.pem"),
+        &pki.path("server.key"),
+        jwks(&[&k1]),
+    )
+    .await;
     let admin_port = free_port();
     let config = TempConfig::new(&format!(
         "upstream:\n  url: {url}\n  tls:\n    ca_file: {ca}\nadmin:\n  listen: 127.0.0.1:{admin_port}\n\

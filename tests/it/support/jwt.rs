@@ -20,8 +20,6 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-
-pub use super::pki::Pki;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -210,14 +208,15 @@ pub struct IdpUpstream {
 }
 
 impl IdpUpstream {
-    pub async fn start(pki: &Pki, jwks: String) -> IdpUpstream {
+    /// Serves with the certificate and key at `cert` and `key` (PEM files, e.g. of
+    /// `support::pki::Pki`).
+    pub async fn start(cert: &str, key: &str, jwks: String) -> IdpUpstream {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_file_iter(pki.path("server.pem"))
-                .expect("certs")
-                .collect::<Result<_, _>>()
-                .expect("certs");
-        let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).expect("key");
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+            .expect("certs")
+            .collect::<Result<_, _>>()
+            .expect("certs");
+        let key = PrivateKeyDer::from_pem_file(key).expect("key");
         let config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .expect("versions")
