@@ -12,7 +12,7 @@ pub mod pointer;
 pub mod record;
 pub mod source;
 
-pub use decide::{AfterTakeOver, Decision, Rejection, decide};
+pub use decide::{AfterTakeOver, Decision, Rejection, decide, retry_after};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 pub use record::{

@@ -43,6 +43,7 @@ mod redis_support;
 mod reload;
 mod replay;
 mod replication;
+mod retry_after;
 mod scope_quota;
 mod seams;
 mod sentinel;
