@@ -6,6 +6,7 @@ pub mod body;
 mod canonical;
 pub mod decide;
 pub mod fingerprint;
+pub mod format;
 pub mod key;
 pub mod path;
 pub mod pointer;

@@ -25,6 +25,7 @@ mod guarding;
 mod handler;
 mod https_upstream;
 mod key_command;
+mod key_format;
 mod key_sources;
 mod kubernetes;
 mod layout;
