@@ -230,8 +230,8 @@ pub(crate) struct Tuning {
     /// only when that scenario runs, so that an idemgate from before key sources can be
     /// measured (`IDEMGATE_BIN`) on the others.
     pub(crate) json_key_route: bool,
-    /// `store.encryption.keys: [{id: bench, key: ENCRYPTION_KEY}]` (docs/behaviour.md
-    /// §17): every completed record is sealed with AES-256-GCM.
+    /// `store.encryption.keys: [{id: bench, key: ENCRYPTION_KEY}]`
+    /// (docs/behaviour.md §17): every completed record is sealed with AES-256-GCM.
     pub(crate) encryption: bool,
     /// `store.key_prefix`, so that two targets on one redis-server keep apart records.
     pub(crate) key_prefix: Option<&'static str>,

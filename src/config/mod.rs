@@ -19,6 +19,7 @@
 mod checks;
 mod encryption;
 mod interp;
+mod key_format;
 mod limits;
 mod policy;
 mod raw;

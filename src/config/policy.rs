@@ -28,6 +28,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
 use serde_yaml::Mapping;
 
+use super::key_format::{self, RawKeyFormat};
 use super::render::{
     choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
     size, statuses, strings,
@@ -39,10 +40,11 @@ use super::values::{
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+use crate::idempotency::format::KeyFormat;
 use crate::idempotency::key::ByPrincipal;
 use crate::idempotency::pointer::JsonPointer;
-use crate::idempotency::source::KeySource;
-use crate::idempotency::{IdempotencyKey, Scope, ScopeId, ScopedKey};
+use crate::idempotency::source::{self, Found, KeySource, Offered};
+use crate::idempotency::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 use crate::principal::{Principal, ScopePrincipal};
 
 /// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
@@ -168,6 +170,10 @@ policy_keys! {
         /// Whether a guarded request without a key is refused (`400 missing-key`)
         /// rather than passed through.
         required: bool = false, from Flag, show flag;
+        /// What every key a source finds must look like (docs/behaviour.md §18), so that
+        /// a client's malformed key is refused rather than guarded: `any`, a UUID form,
+        /// or a regex, compiled once when the configuration loads.
+        key_format: KeyFormat = KeyFormat::Any, from RawKeyFormat, show key_format::show;
         /// How long a completed record is replayed.
         ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur, show duration;
         /// How long an in-flight marker outlives its last renewal: the longest a
@@ -293,6 +299,18 @@ impl Policy {
                 }
             })
             .collect()
+    }
+
+    /// The key of a request under this policy: the first of its sources that is
+    /// present (docs/behaviour.md §9), which must have the policy's `key_format`
+    /// (docs/behaviour.md §18). A `fingerprint` key is the request's own, never the
+    /// client's, so it has no format to check.
+    pub fn find_key<'s>(&'s self, request: Offered<'_>) -> Result<Found<'s>, KeyError> {
+        let found = source::find(&self.key_from, request)?;
+        if let Found::Key(_, key) = &found {
+            self.key_format.check(key)?;
+        }
+        Ok(found)
     }
 
     /// How long a key's record is kept: `ttl`, or the window of a `fingerprint` key.

@@ -70,20 +70,27 @@ pub fn decide(
                 OnUnknownOutcome::Release => AfterTakeOver::Forward,
             },
         },
-        Record::InFlight(m) => match on_concurrent {
-            OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
-                retry_after: IN_FLIGHT_RETRY_AFTER,
-            }),
-            OnConcurrent::Wait => Decision::Wait {
-                lease_left: Duration::from_millis(m.lease_deadline_ms - now_ms),
-            },
-        },
+        Record::InFlight(m) => {
+            let lease_left = Duration::from_millis(m.lease_deadline_ms - now_ms);
+            match on_concurrent {
+                OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
+                    retry_after: retry_after(lease_left),
+                }),
+                OnConcurrent::Wait => Decision::Wait { lease_left },
+            }
+        }
     }
 }
 
-/// A live owner usually finishes well before its lease ends (it renews while working),
-/// so clients are asked to come back in a second rather than at the lease deadline.
-const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The `Retry-After` of `409 in-flight` (docs/behaviour.md §18): the time left on the
+/// holder's lease, rounded up to whole seconds and at least one. By then the holder has
+/// either finished (the retry replays), renewed (another 409 says how long again), or
+/// crashed (its lease has ended, and the retry takes the key over). Rounding down would
+/// send a client back a moment before a crashed holder's lease ends, for one more 409.
+pub fn retry_after(lease_left: Duration) -> Duration {
+    let secs = lease_left.as_secs() + u64::from(lease_left.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
+}
 
 #[cfg(test)]
 mod tests {
@@ -155,7 +162,7 @@ mod tests {
         assert_eq!(
             d(&marker(10_000), &FP, 1_000, R, Rec),
             Decision::Reject(Rejection::InFlight {
-                retry_after: Duration::from_secs(1)
+                retry_after: Duration::from_secs(9)
             })
         );
         assert_eq!(
@@ -170,6 +177,35 @@ mod tests {
                 lease_left: Duration::from_secs(9)
             }
         );
+    }
+
+    /// The lease left, rounded up to whole seconds, never below one: a client told to
+    /// come back at the end of the lease never comes back before it.
+    #[test]
+    fn retry_after_is_the_lease_left_rounded_up() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        for (left, after) in [
+            (ms(0), s(1)),
+            (ms(1), s(1)),
+            (ms(999), s(1)),
+            (ms(1_000), s(1)),
+            (ms(1_001), s(2)),
+            (ms(4_999), s(5)),
+            (ms(5_000), s(5)),
+            (Duration::from_nanos(5_000_000_001), s(6)),
+            (s(86_400), s(86_400)),
+        ] {
+            assert_eq!(retry_after(left), after, "{left:?}");
+        }
+        let retry = |now| match d(&marker(10_000), &FP, now, R, Rec) {
+            Decision::Reject(Rejection::InFlight { retry_after }) => retry_after,
+            other => panic!("expected in-flight, got {other:?}"),
+        };
+        assert_eq!(retry(0), s(10), "a fresh lease: all of it");
+        assert_eq!(retry(1), s(10), "9.999 s left rounds up");
+        assert_eq!(retry(7_500), s(3));
+        assert_eq!(retry(9_000), s(1));
     }
 
     #[test]

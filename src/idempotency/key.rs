@@ -33,7 +33,7 @@ impl std::fmt::Debug for IdempotencyKey {
 }
 
 /// Why a key header was refused; every variant becomes `400 invalid-key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     #[error("the key is empty")]
     Empty,
@@ -47,6 +47,10 @@ pub enum KeyError {
     BadString,
     #[error("the key in the JSON body is neither a string nor an integer")]
     NotStringOrInteger,
+    /// The key breaks the policy's `key_format` (docs/behaviour.md §18); `expected`
+    /// completes "the key must ..." for the client.
+    #[error("the key must {expected}")]
+    Format { expected: std::sync::Arc<str> },
 }
 
 /// Reads the key from `headers`. `Ok(None)` when the header is absent.

@@ -6,13 +6,14 @@ pub mod body;
 mod canonical;
 pub mod decide;
 pub mod fingerprint;
+pub mod format;
 pub mod key;
 pub mod path;
 pub mod pointer;
 pub mod record;
 pub mod source;
 
-pub use decide::{AfterTakeOver, Decision, Rejection, decide};
+pub use decide::{AfterTakeOver, Decision, Rejection, decide, retry_after};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 pub use record::{

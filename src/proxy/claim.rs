@@ -14,6 +14,7 @@ use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, decide,
+    retry_after,
 };
 use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
 
@@ -92,7 +93,8 @@ pub(crate) async fn claim<S: Store>(
                 match take_over(state, policy, stale, claim, then).await? {
                     Some(claimed) => return Ok(claimed),
                     None if races < TAKE_OVER_RACES => races += 1,
-                    None => return Err(in_flight()),
+                    // The markers seen had expired: no lease to wait out.
+                    None => return Err(in_flight(Duration::ZERO)),
                 }
             }
         }
@@ -122,9 +124,11 @@ fn opened<S: Store>(
     }
 }
 
-fn in_flight() -> ProxyError {
+/// `409 in-flight`, its `Retry-After` the holder's `lease_left` rounded up
+/// (docs/behaviour.md §18).
+fn in_flight(lease_left: Duration) -> ProxyError {
     ProxyError::InFlight {
-        retry_after: Duration::from_secs(1),
+        retry_after: retry_after(lease_left),
     }
 }
 
@@ -230,7 +234,8 @@ impl<W: Watch> Waiter<W> {
             }
             Some(watch) => {
                 if Instant::now() >= deadline {
-                    return Err(in_flight());
+                    // `lease_left` is as the claim just before this call saw it.
+                    return Err(in_flight(lease_left));
                 }
                 // A crashed owner never says it is done: look again when its lease ends.
                 let wake = deadline.min(Instant::now() + lease_left);

@@ -28,7 +28,7 @@ use crate::error::ProxyError;
 use crate::idempotency::body::Body;
 use crate::idempotency::key::{parse_plain, parse_value};
 use crate::idempotency::path::{self, EscapedSlashes, PathError};
-use crate::idempotency::source::{self, Found, KeySource, Offered};
+use crate::idempotency::source::{Found, KeySource, Offered};
 use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
 use crate::principal::{CredentialError, Principal, Verifier};
@@ -111,7 +111,7 @@ async fn route<S: Store, B: RequestBody>(
         query: req.uri().query(),
         body: None,
     };
-    let found = source::find(&policy.key_from, head).map_err(ProxyError::InvalidKey)?;
+    let found = policy.find_key(head).map_err(ProxyError::InvalidKey)?;
     if found == Found::Absent {
         return keyless(state, live, policy, req, peer).await;
     }
@@ -125,7 +125,9 @@ async fn route<S: Store, B: RequestBody>(
     let found = match found {
         Found::Key(source, key) => Found::Key(source, key),
         // A source that reads the body was reached: look again, with it.
-        _ => source::find(&policy.key_from, read.offered(&body)).map_err(ProxyError::InvalidKey)?,
+        _ => policy
+            .find_key(read.offered(&body))
+            .map_err(ProxyError::InvalidKey)?,
     };
     let req = match found {
         Found::Key(source, key) => guard(policy, read, body, peer, principal, source, Some(key)),
@@ -472,6 +474,10 @@ pub fn record_id(
         _ => parse_plain(key.as_bytes()),
     }
     .map_err(RecordIdError::Key)?;
+    // The proxy refuses a key of another format before it is addressed: it has no record.
+    if !matches!(source, KeySource::Fingerprint(_)) {
+        policy.key_format.check(&key).map_err(RecordIdError::Key)?;
+    }
     let principal = match &policy.scope_principal {
         None => None,
         Some(scope) => {

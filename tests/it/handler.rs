@@ -193,16 +193,25 @@ async fn a_completed_key_replays_its_record_and_another_body_is_422() {
     assert_eq!(counted(&state), 2);
 }
 
-#[tokio::test]
-async fn a_key_in_flight_is_409_with_retry_after() {
+/// `Retry-After` is the time left on the holder's lease, rounded up to whole seconds
+/// (docs/behaviour.md §18): exact here, on tokio's paused clock, which the memory
+/// store's clock follows.
+#[tokio::test(start_paused = true)]
+async fn a_key_in_flight_is_409_with_the_lease_left_as_retry_after() {
     let state = state("");
     let at = address(&state, "/charges", "busy", "{}");
     let _owner = marker(&state, at, Duration::from_secs(10)).await;
-    let r = send(&state, post("/charges", Some("busy"), "{}")).await;
-    assert_eq!(r.status, StatusCode::CONFLICT);
-    assert_eq!(r.problem(), "in-flight");
-    assert_eq!(r.headers["retry-after"], "1");
-    assert_eq!(state.metrics.requests(Outcome::InFlight), 1);
+    let mut seen = Vec::new();
+    for advance in [0, 2_500, 6_500, 900] {
+        tokio::time::advance(Duration::from_millis(advance)).await;
+        let r = send(&state, post("/charges", Some("busy"), "{}")).await;
+        assert_eq!(r.status, StatusCode::CONFLICT);
+        assert_eq!(r.problem(), "in-flight");
+        seen.push(r.headers["retry-after"].to_str().expect("ascii").to_owned());
+    }
+    // 10 s, 7.5 s, 1 s and 0.1 s left.
+    assert_eq!(seen, ["10", "8", "1", "1"]);
+    assert_eq!(state.metrics.requests(Outcome::InFlight), 4);
 }
 
 #[tokio::test]

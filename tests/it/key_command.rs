@@ -182,3 +182,40 @@ async fn without_a_configuration_it_asks_for_the_proxys_file() {
     assert!(out.stderr.contains("--config PATH"), "{}", out.stderr);
     assert!(!out.stderr.contains("--upstream"), "{}", out.stderr);
 }
+
+/// A key of another format than the route's `key_format` (docs/behaviour.md §18) has no
+/// record: the proxy refuses it before addressing it, and so does `idemgate key`, naming
+/// the format expected.
+#[tokio::test]
+async fn a_key_of_another_format_is_refused() {
+    let file = TempConfig::new(
+        "upstream:\n  url: http://127.0.0.1:9\nidempotency:\n  key_format: uuidv4\n\
+         routes:\n  - path: /orders\n    key_format: {regex: 'ord-[0-9]+'}\n",
+    );
+    for (args, says) in [
+        (
+            vec!["pay-1"],
+            "KEY: the key must be a version 4 UUID (key_format: uuidv4)",
+        ),
+        (
+            vec!["01890a5d-ac96-774b-bcce-b302099a8057"],
+            "key_format: uuidv4",
+        ),
+        (
+            vec!["--path", "/orders", "ord-7x"],
+            "KEY: the key must match the regular expression 'ord-[0-9]+'",
+        ),
+    ] {
+        let out = key(&file, &args).await;
+        assert_eq!(out.code(), Some(1), "{args:?}: {}", out.stdout);
+        assert!(out.stdout.is_empty());
+        assert!(out.stderr.contains(says), "{args:?}: {}", out.stderr);
+    }
+    for args in [
+        vec!["6f1c2b9e-3d4a-4b8c-9f2e-1a2b3c4d5e6f"],
+        vec!["--path", "/orders", "ord-7"],
+    ] {
+        let out = key(&file, &args).await;
+        assert_eq!(out.code(), Some(0), "{args:?}: {}", out.stderr);
+    }
+}

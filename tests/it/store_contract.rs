@@ -12,7 +12,7 @@ use http::StatusCode;
 use idemgate::idempotency::{
     Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey, StoredBody,
 };
-use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Store};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Replaced, Store};
 
 /// A store under test plus control over the time it sees.
 trait Harness {
@@ -412,6 +412,65 @@ async fn purge_removes_records_and_markers_whose_lease_ended<H: Harness>(h: H) {
     let _next = h.acquire(2).await;
 }
 
+/// `replace` changes a record only if it is still the one expected, keeping its expiry
+/// (docs/behaviour.md §18): how a resolution is never lost to a concurrent one.
+async fn replace_is_a_compare_and_set_that_keeps_the_expiry<H: Harness>(h: H) {
+    let s = h.store();
+    let lease = h.acquire(1).await;
+    assert_eq!(h.complete(&lease, b"unknown").await, Fenced::Done);
+    let before = s.inspect(key(1)).await.expect("inspect").expect("stored");
+    let stale = Record::Completed(response(b"something else"));
+    assert_eq!(
+        s.replace(key(1), &stale, None).await.expect("replace"),
+        Replaced::Changed
+    );
+    h.advance(h.ttl() / 4).await;
+    assert_eq!(
+        s.replace(key(1), &before.record, Some(response(b"resolved")))
+            .await
+            .expect("replace"),
+        Replaced::Done
+    );
+    let after = s.inspect(key(1)).await.expect("inspect").expect("stored");
+    assert_eq!(after.record, Record::Completed(response(b"resolved")));
+    // Redis keeps the remaining PTTL: within a few ms of the same instant.
+    assert!(
+        after.expires_at_ms.abs_diff(before.expires_at_ms) < 1000,
+        "{} vs {}",
+        after.expires_at_ms,
+        before.expires_at_ms
+    );
+    // A second resolution of the same unknown record finds it changed.
+    assert_eq!(
+        s.replace(key(1), &before.record, None)
+            .await
+            .expect("replace"),
+        Replaced::Changed
+    );
+    assert_eq!(
+        s.replace(key(1), &after.record, None)
+            .await
+            .expect("replace"),
+        Replaced::Done
+    );
+    assert_eq!(s.inspect(key(1)).await.expect("inspect"), None);
+    assert_eq!(
+        s.replace(key(1), &after.record, None)
+            .await
+            .expect("replace"),
+        Replaced::Absent
+    );
+    // It expires when the original would have.
+    let lease = h.acquire(2).await;
+    assert_eq!(h.complete(&lease, b"unknown").await, Fenced::Done);
+    let found = s.inspect(key(2)).await.expect("inspect").expect("stored");
+    s.replace(key(2), &found.record, Some(response(b"resolved")))
+        .await
+        .expect("replace");
+    h.advance(h.ttl() + h.ttl() / 5).await;
+    assert_eq!(s.inspect(key(2)).await.expect("inspect"), None);
+}
+
 macro_rules! contract {
     ($store:ident, $harness:expr, $test:meta) => {
         mod $store {
@@ -432,6 +491,7 @@ macro_rules! contract {
                 inspect_reports_what_is_there_until_it_expires,
                 purge_never_removes_a_live_marker_unless_forced,
                 purge_removes_records_and_markers_whose_lease_ended,
+                replace_is_a_compare_and_set_that_keeps_the_expiry,
             );
         }
     };

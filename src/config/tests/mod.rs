@@ -13,6 +13,7 @@ use crate::idempotency::source::KeySource;
 mod encryption;
 mod errors;
 mod examples;
+mod key_format;
 mod keys;
 mod limits;
 mod principal;
@@ -209,6 +210,7 @@ idempotency:
   header: X-Request-Key
   methods: [post, Put]
   required: true
+  key_format: uuidv4
   ttl: 7d
   lease: 30s
   on_concurrent: wait
@@ -288,6 +290,7 @@ fn every_key_can_be_overridden() {
         key_from: vec![KeySource::Header(header("x-request-key"))],
         methods: vec![Method::POST, Method::PUT],
         required: true,
+        key_format: crate::idempotency::format::KeyFormat::UuidV4,
         ttl: secs(7 * 86_400),
         lease: secs(30),
         on_concurrent: OnConcurrent::Wait,
