@@ -98,6 +98,9 @@ pub(crate) enum TargetKind {
     MemoryJwtRs256,
     /// The same with an ES256 JWT.
     MemoryJwtEs256,
+    /// The memory store scoped by the raw `Authorization` header (the default), sent the
+    /// RS256 JWTs: what the JWT targets cost beyond the bytes of their tokens.
+    MemoryJwtRaw,
     Redis,
     /// Redis with `store.encryption`, on the same redis-server under another `key_prefix`.
     RedisEnc,
@@ -123,6 +126,7 @@ impl TargetKind {
             TargetKind::MemoryEnc => "idemgate-memory-enc",
             TargetKind::MemoryJwtRs256 => "idemgate-memory-jwt-rs256",
             TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
+            TargetKind::MemoryJwtRaw => "idemgate-memory-jwt-raw",
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
@@ -141,6 +145,7 @@ impl TargetKind {
                 | TargetKind::MemoryEnc
                 | TargetKind::MemoryJwtRs256
                 | TargetKind::MemoryJwtEs256
+                | TargetKind::MemoryJwtRaw
                 | TargetKind::Redis
                 | TargetKind::RedisEnc
                 | TargetKind::RedisReplica

@@ -32,7 +32,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       shares redis's redis-server under another key_prefix);
                       memory-jwt-rs256,memory-jwt-es256: scope_principal jwt with a
                       jwks_file, every request a bearer JWT (RSA 2048 keys need the
-                      openssl command)
+                      openssl command); memory-jwt-raw: the same RS256 JWTs, scoped by
+                      the raw header, the reference of the JWT goals
   --scenarios LIST    subset of unguarded,miss,hit,json-key
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
@@ -186,6 +187,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "memory-enc" => Some(TargetKind::MemoryEnc),
                     "memory-jwt-rs256" => Some(TargetKind::MemoryJwtRs256),
                     "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
+                    "memory-jwt-raw" => Some(TargetKind::MemoryJwtRaw),
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),

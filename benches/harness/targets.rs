@@ -113,25 +113,36 @@ pub(crate) async fn start(
         }
     };
     // The memory store plain, encrypted, and scoped by the principal of a JWT.
+    let mut rs256: Option<principal::Tokens> = None;
     for kind in [
         TargetKind::Memory,
         TargetKind::MemoryEnc,
         TargetKind::MemoryJwtRs256,
         TargetKind::MemoryJwtEs256,
+        TargetKind::MemoryJwtRaw,
     ] {
         if !wanted.contains(&kind) {
             continue;
         }
         let alg = match kind {
-            TargetKind::MemoryJwtRs256 => Some(principal::Alg::Rs256),
+            TargetKind::MemoryJwtRs256 | TargetKind::MemoryJwtRaw => Some(principal::Alg::Rs256),
             TargetKind::MemoryJwtEs256 => Some(principal::Alg::Es256),
             _ => None,
         };
-        // The JWK set must be in place before idemgate loads its config.
-        let tokens = alg.map(|alg| principal::make(dir, alg)).transpose()?;
+        // The JWK set must be in place before idemgate loads its config. The raw target
+        // gets tokens of the same size, but no scope_principal (and so no principal
+        // checks: its `tokens` are left out below).
+        let tokens = match (kind, rs256) {
+            (TargetKind::MemoryJwtRaw, Some(tokens)) => Some(tokens),
+            _ => alg.map(|alg| principal::make(dir, alg)).transpose()?,
+        };
+        if kind == TargetKind::MemoryJwtRs256 {
+            rs256 = tokens;
+        }
+        let scoped = kind != TargetKind::MemoryJwtRaw;
         let tuning = Tuning {
             encryption: kind == TargetKind::MemoryEnc,
-            jwks_file: alg.map(principal::Alg::jwks_file),
+            jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
             ..Tuning::default()
         };
         let (proc, addr) = start_idemgate(kind, Store::Memory, tuning).await?;
@@ -142,7 +153,7 @@ pub(crate) async fn start(
             redis: None,
             admin: None,
             authorization: tokens.map_or(load::AUTHORIZATION, |t| t.authorization),
-            tokens,
+            tokens: tokens.filter(|_| scoped),
         });
         procs.push(proc);
     }

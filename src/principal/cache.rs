@@ -1,17 +1,19 @@
 //! Tokens already verified, so that the retries and the traffic of one client do not pay
 //! a signature check (an RS256 verify is tens of microseconds) on every request.
 //!
-//! Keyed by the sha256 of the token (the token itself is never kept); an entry lives for
-//! the token's remaining lifetime (`exp` plus the leeway) but at most [`MAX_AGE`], so a
-//! key removed from the set stops verifying its tokens within that time. At most
-//! [`MAX_ENTRIES`] entries: when full, the expired ones go, and if that frees nothing,
-//! all of them (a burst of new tokens costs one verify each, as without a cache).
+//! Keyed by the token itself, compared whole: a hit is a token byte for byte the same as
+//! one that verified (a hash of it would cost a SHA-256 of the whole token, most of a
+//! hit's cost, on every request). Tokens are kept in this process's memory only, never
+//! in a log line, a metric or the store. An entry lives for the token's remaining
+//! lifetime (`exp` plus the leeway) but at most [`MAX_AGE`], so a key removed from the
+//! set stops verifying its tokens within that time. At most [`MAX_ENTRIES`] entries
+//! (at most [`MAX_TOKEN`] bytes each, about 80 MiB in all): when full, the expired ones
+//! go, and if that frees nothing, all of them (a burst of new tokens costs one verify
+//! each, as without a cache).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-use sha2::{Digest, Sha256};
 
 use super::Principal;
 
@@ -21,15 +23,18 @@ pub(super) const MAX_AGE: Duration = Duration::from_secs(60);
 /// The most tokens remembered per verifier.
 pub(super) const MAX_ENTRIES: usize = 10_000;
 
+/// A longer token is verified every time: it is not remembered.
+pub(super) const MAX_TOKEN: usize = 8 * 1024;
+
 #[derive(Debug, Default)]
 pub(super) struct TokenCache {
-    entries: Mutex<HashMap<[u8; 32], (Principal, Instant)>>,
+    entries: Mutex<HashMap<Box<str>, (Principal, Instant)>>,
 }
 
 impl TokenCache {
     pub(super) fn get(&self, token: &str, now: Instant) -> Option<Principal> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        let (principal, until) = entries.get(&digest(token))?;
+        let (principal, until) = entries.get(token)?;
         (now < *until).then(|| principal.clone())
     }
 
@@ -53,7 +58,7 @@ impl TokenCache {
                 .saturating_sub(epoch);
             age = age.min(left);
         }
-        if age.is_zero() {
+        if age.is_zero() || token.len() > MAX_TOKEN {
             return;
         }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -63,7 +68,7 @@ impl TokenCache {
                 entries.clear();
             }
         }
-        entries.insert(digest(token), (principal, now + age));
+        entries.insert(token.into(), (principal, now + age));
     }
 
     /// Forgets every token, when the keys they were verified with change.
@@ -78,10 +83,6 @@ impl TokenCache {
     fn len(&self) -> usize {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
-}
-
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
 }
 
 #[cfg(test)]

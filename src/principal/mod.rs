@@ -118,7 +118,7 @@ impl std::fmt::Debug for Secret {
 /// A verified principal: the values that name the caller, each length-prefixed, so that
 /// `["a:b", "c"]` and `["a", "b:c"]` differ. Never printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Principal(Vec<u8>);
+pub struct Principal(std::sync::Arc<[u8]>);
 
 impl Principal {
     /// The principal of these values, in order.
@@ -128,7 +128,8 @@ impl Principal {
             bytes.extend_from_slice(&(value.len() as u64).to_be_bytes());
             bytes.extend_from_slice(value);
         }
-        Self(bytes)
+        // Shared: every request of a remembered token clones it.
+        Self(bytes.into())
     }
 
     /// The bytes the record address hashes.
