@@ -37,6 +37,7 @@ mod operations;
 mod principal;
 mod proxy_redis;
 mod readme;
+mod reconcile;
 mod redis_full;
 mod redis_malformed;
 mod redis_store;
