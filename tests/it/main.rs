@@ -26,6 +26,7 @@ mod handler;
 mod https_upstream;
 mod key_command;
 mod key_format;
+mod key_resolve;
 mod key_sources;
 mod kubernetes;
 mod layout;
