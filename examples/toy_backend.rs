@@ -10,7 +10,9 @@
 //! - `?drop=1`: create the charge, then close the connection without answering (a
 //!   backend that crashed half-way: the side effect happened, the client never knows);
 //! - `?lose=1`: close the connection before creating anything (a request lost on the
-//!   way: nothing happened, and the client cannot know that either).
+//!   way: nothing happened, and the client cannot know that either);
+//! - `?lookup=down`: the charge's lookup by key (below) answers `503`, as a backend
+//!   whose lookup is down would: idemgate's `reconcile` cannot settle it.
 //!
 //! Each charge remembers the `Idempotency-Key` it was created with, and `GET
 //! /charges/by-key/{key}` (the key percent-encoded) answers `200` with that charge or
@@ -66,6 +68,8 @@ pub struct Args {
 #[derive(Debug, Default)]
 struct Charges {
     list: Mutex<Vec<(Option<String>, Value)>>,
+    /// Keys whose lookup answers `503` (`?lookup=down`).
+    lookup_down: Mutex<Vec<String>>,
 }
 
 impl Charges {
@@ -93,6 +97,21 @@ impl Charges {
             .iter()
             .find(|(k, _)| k.as_deref() == Some(key))
             .map(|(_, charge)| charge.clone())
+    }
+
+    fn take_lookup_down(&self, key: String) {
+        self.lookup_down
+            .lock()
+            .expect("no code panics while holding the lock")
+            .push(key);
+    }
+
+    fn is_lookup_down(&self, key: &str) -> bool {
+        self.lookup_down
+            .lock()
+            .expect("no code panics while holding the lock")
+            .iter()
+            .any(|k| k == key)
     }
 
     fn count(&self) -> usize {
@@ -125,6 +144,7 @@ struct Options {
     drop: bool,
     lose: bool,
     fail: bool,
+    lookup_down: bool,
 }
 
 impl Options {
@@ -139,6 +159,7 @@ impl Options {
                 "drop" => options.drop = matches!(value, "1" | "true"),
                 "fail" => options.fail = matches!(value, "1" | "true"),
                 "lose" => options.lose = matches!(value, "1" | "true"),
+                "lookup" => options.lookup_down = value == "down",
                 _ => {}
             }
         }
@@ -269,6 +290,9 @@ async fn create_charge(
             ));
         }
     };
+    if let (true, Some(key)) = (options.lookup_down, &key) {
+        charges.take_lookup_down(key.clone());
+    }
     if options.lose {
         return Err(Dropped);
     }
@@ -298,7 +322,17 @@ async fn find_charge(charges: &Charges, req: &Request<Incoming>) -> Response<Ful
         );
     }
     let encoded = req.uri().path().trim_start_matches(BY_KEY);
-    match percent_decode(encoded).and_then(|key| charges.by_key(&key)) {
+    let key = percent_decode(encoded);
+    if key
+        .as_deref()
+        .is_some_and(|key| charges.is_lookup_down(key))
+    {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "error": "lookup down for this charge (?lookup=down)" }),
+        );
+    }
+    match key.and_then(|key| charges.by_key(&key)) {
         Some(charge) => reply(StatusCode::OK, &charge),
         None => reply(
             StatusCode::NOT_FOUND,
@@ -358,6 +392,7 @@ mod tests {
                 drop: true,
                 lose: false,
                 fail: false,
+                lookup_down: false,
             }
         );
         assert_eq!(
