@@ -49,6 +49,8 @@ pub struct Story {
 pub struct Final {
     pub status: StatusCode,
     pub replayed: bool,
+    /// `Idempotency-Reconciled: true`: idemgate asked the backend what became of it.
+    pub reconciled: bool,
     pub body: String,
 }
 
@@ -84,6 +86,10 @@ async fn attempt(
         .headers()
         .get("idempotent-replayed")
         .is_some_and(|v| v == "true");
+    let reconciled = response
+        .headers()
+        .get("idempotency-reconciled")
+        .is_some_and(|v| v == "true");
     let body = tokio::time::timeout(limit, response.into_body().collect())
         .await
         .ok()?
@@ -92,6 +98,7 @@ async fn attempt(
     Some(Final {
         status,
         replayed,
+        reconciled,
         body: String::from_utf8_lossy(&body).into_owned(),
     })
 }
@@ -138,7 +145,8 @@ async fn pay(base: &str, path: &str, key: &str, patience: Duration, tries: usize
 }
 
 /// Tells one story both ways. `path` picks the failure: `?delay_ms=N` (the client gives
-/// up before the slow backend answers) or `?drop=1` (the backend crashes half-way).
+/// up before the slow backend answers; past idemgate's upstream timeout, idemgate asks
+/// the backend whether the charge exists) or `?drop=1` (the backend crashes half-way).
 pub async fn story(
     proxy: &str,
     backend: &str,
@@ -191,14 +199,18 @@ fn main() -> ExitCode {
                 "the backend crashes half-way, the client retries",
                 "/charges?drop=1",
             ),
+            (
+                "the backend answers after idemgate's upstream timeout (2s)",
+                "/charges?delay_ms=3000",
+            ),
         ];
         let mut ok = true;
-        for (title, path) in stories {
+        for (n, (title, path)) in stories.into_iter().enumerate() {
             match story(
                 &args.proxy,
                 &args.backend,
                 path,
-                &format!("demo-{run}-{}", path.len()),
+                &format!("demo-{run}-{n}"),
             )
             .await
             {
@@ -211,8 +223,8 @@ fn main() -> ExitCode {
                     );
                     if let Some(last) = last {
                         println!(
-                            "  the retry got {} (Idempotent-Replayed: {}) {}",
-                            last.status, last.replayed, last.body
+                            "  the retry got {} (Idempotent-Replayed: {}, Idempotency-Reconciled: {}) {}",
+                            last.status, last.replayed, last.reconciled, last.body
                         );
                     }
                     ok &= counts.through_idemgate == 1;

@@ -8,7 +8,17 @@
 //! - `?delay_ms=N`: create the charge, then wait N ms before answering (a slow
 //!   upstream, or a duplicate arriving while the first is still in flight);
 //! - `?drop=1`: create the charge, then close the connection without answering (a
-//!   backend that crashed half-way: the side effect happened, the client never knows).
+//!   backend that crashed half-way: the side effect happened, the client never knows);
+//! - `?lose=1`: close the connection before creating anything (a request lost on the
+//!   way: nothing happened, and the client cannot know that either);
+//! - `?lookup=down`: the charge's lookup by key (below) answers `503`, as a backend
+//!   whose lookup is down would: idemgate's `reconcile` cannot settle it.
+//!
+//! Each charge remembers the `Idempotency-Key` it was created with, and `GET
+//! /charges/by-key/{key}` (the key percent-encoded) answers `200` with that charge or
+//! `404`: the lookup idemgate's `reconcile` asks before it records an unknown outcome.
+//! The lookup takes `?delay_ms=N` too (a lookup that times out), and `?fail=1` (it
+//! answers `500`).
 //!
 //! ```text
 //! cargo run --example toy_backend -- --listen 127.0.0.1:9000
@@ -40,8 +50,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// A toy charges API that executes every request it gets, retries included: the
 /// backend of the idemgate demo.
 ///
-/// POST /charges creates a charge (?delay_ms=N answers late, ?drop=1 never answers);
-/// GET /charges lists them, GET /stats counts them.
+/// POST /charges creates a charge (?delay_ms=N answers late, ?drop=1 never answers,
+/// ?lose=1 never answers nor creates it);
+/// GET /charges lists them, GET /charges/by-key/KEY finds one by its Idempotency-Key,
+/// GET /stats counts them.
 // No bare `about`: clap would take the crate's description, which is idemgate's.
 #[derive(Debug, Parser)]
 #[command(name = "toy_backend")]
@@ -51,39 +63,65 @@ pub struct Args {
     listen: SocketAddr,
 }
 
-/// The charges created so far. A `Vec` behind a mutex: the demo makes a handful.
+/// The charges created so far, each with the `Idempotency-Key` it came with. A `Vec`
+/// behind a mutex: the demo makes a handful.
 #[derive(Debug, Default)]
 struct Charges {
-    list: Mutex<Vec<Value>>,
+    list: Mutex<Vec<(Option<String>, Value)>>,
+    /// Keys whose lookup answers `503` (`?lookup=down`).
+    lookup_down: Mutex<Vec<String>>,
 }
 
 impl Charges {
     /// Creates and stores charge number N (1-based), returning its JSON.
-    fn create(&self, amount: i64) -> Value {
-        let mut list = self
-            .list
-            .lock()
-            .expect("no code panics while holding the lock");
+    fn create(&self, amount: i64, key: Option<String>) -> Value {
+        let mut list = self.lock();
         let n = list.len() + 1;
         // `created` is the sequence number rather than a timestamp so that two
         // executions are told apart by every field, and demo output is reproducible.
         let charge = json!({ "id": format!("ch_{n}"), "amount": amount, "created": n });
-        list.push(charge.clone());
+        list.push((key, charge.clone()));
         charge
     }
 
     fn list(&self) -> Vec<Value> {
-        self.list
+        self.lock()
+            .iter()
+            .map(|(_, charge)| charge.clone())
+            .collect()
+    }
+
+    /// The first charge created with `key`.
+    fn by_key(&self, key: &str) -> Option<Value> {
+        self.lock()
+            .iter()
+            .find(|(k, _)| k.as_deref() == Some(key))
+            .map(|(_, charge)| charge.clone())
+    }
+
+    fn take_lookup_down(&self, key: String) {
+        self.lookup_down
             .lock()
             .expect("no code panics while holding the lock")
-            .clone()
+            .push(key);
+    }
+
+    fn is_lookup_down(&self, key: &str) -> bool {
+        self.lookup_down
+            .lock()
+            .expect("no code panics while holding the lock")
+            .iter()
+            .any(|k| k == key)
     }
 
     fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Option<String>, Value)>> {
         self.list
             .lock()
             .expect("no code panics while holding the lock")
-            .len()
     }
 }
 
@@ -93,7 +131,7 @@ struct Dropped;
 
 impl std::fmt::Display for Dropped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("connection dropped on purpose (?drop=1)")
+        f.write_str("connection dropped on purpose (?drop=1 or ?lose=1)")
     }
 }
 
@@ -104,6 +142,9 @@ impl std::error::Error for Dropped {}
 struct Options {
     delay: Option<Duration>,
     drop: bool,
+    lose: bool,
+    fail: bool,
+    lookup_down: bool,
 }
 
 impl Options {
@@ -116,6 +157,9 @@ impl Options {
             match name {
                 "delay_ms" => options.delay = value.parse().ok().map(Duration::from_millis),
                 "drop" => options.drop = matches!(value, "1" | "true"),
+                "fail" => options.fail = matches!(value, "1" | "true"),
+                "lose" => options.lose = matches!(value, "1" | "true"),
+                "lookup" => options.lookup_down = value == "down",
                 _ => {}
             }
         }
@@ -209,6 +253,7 @@ async fn handle(
     match (req.method(), path) {
         (&Method::POST, "/charges") => create_charge(charges, req).await,
         (&Method::GET, "/charges") => Ok(reply(StatusCode::OK, &json!(charges.list()))),
+        (&Method::GET, _) if path.starts_with(BY_KEY) => Ok(find_charge(charges, &req).await),
         (&Method::GET, "/stats") => Ok(reply(
             StatusCode::OK,
             &json!({ "charges_created": charges.count() }),
@@ -230,6 +275,11 @@ async fn create_charge(
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Dropped> {
     let options = Options::parse(req.uri().query());
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         // Over the cap, or the client went away; either way no charge is created.
@@ -240,7 +290,13 @@ async fn create_charge(
             ));
         }
     };
-    let charge = charges.create(amount(&body));
+    if let (true, Some(key)) = (options.lookup_down, &key) {
+        charges.take_lookup_down(key.clone());
+    }
+    if options.lose {
+        return Err(Dropped);
+    }
+    let charge = charges.create(amount(&body), key);
     if let Some(delay) = options.delay {
         tokio::time::sleep(delay).await;
     }
@@ -248,6 +304,59 @@ async fn create_charge(
         return Err(Dropped);
     }
     Ok(reply(StatusCode::CREATED, &charge))
+}
+
+/// Where a charge is looked up by its key.
+const BY_KEY: &str = "/charges/by-key/";
+
+/// `GET /charges/by-key/{key}`: the charge created with that `Idempotency-Key`, or 404.
+async fn find_charge(charges: &Charges, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let options = Options::parse(req.uri().query());
+    if let Some(delay) = options.delay {
+        tokio::time::sleep(delay).await;
+    }
+    if options.fail {
+        return reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({ "error": "lookup failed (?fail=1)" }),
+        );
+    }
+    let encoded = req.uri().path().trim_start_matches(BY_KEY);
+    let key = percent_decode(encoded);
+    if key
+        .as_deref()
+        .is_some_and(|key| charges.is_lookup_down(key))
+    {
+        return reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({ "error": "lookup down for this charge (?lookup=down)" }),
+        );
+    }
+    match key.and_then(|key| charges.by_key(&key)) {
+        Some(charge) => reply(StatusCode::OK, &charge),
+        None => reply(
+            StatusCode::NOT_FOUND,
+            &json!({ "error": "no charge with this key" }),
+        ),
+    }
+}
+
+/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// `amount` from a JSON body; anything else (no body, not JSON, no integer) is 0, so
@@ -280,13 +389,36 @@ mod tests {
             Options::parse(Some("delay_ms=250&drop=1")),
             Options {
                 delay: Some(Duration::from_millis(250)),
-                drop: true
+                drop: true,
+                lose: false,
+                fail: false,
+                lookup_down: false,
             }
         );
         assert_eq!(
             Options::parse(Some("drop=0&delay_ms=x")),
             Options::default()
         );
+    }
+
+    #[test]
+    fn keys_are_percent_decoded() {
+        assert_eq!(percent_decode("a%2Fb%20c").as_deref(), Some("a/b c"));
+        assert_eq!(percent_decode("plain-1").as_deref(), Some("plain-1"));
+        assert_eq!(percent_decode("bad%2"), None);
+        assert_eq!(percent_decode("bad%zz"), None);
+    }
+
+    #[test]
+    fn a_charge_is_found_by_its_key() {
+        let charges = Charges::default();
+        charges.create(5, Some("k1".to_owned()));
+        charges.create(6, None);
+        assert_eq!(
+            charges.by_key("k1").map(|c| c["amount"].clone()),
+            Some(json!(5))
+        );
+        assert_eq!(charges.by_key("k2"), None);
     }
 
     #[test]

@@ -11,6 +11,10 @@ use crate::proxy::{AppState, Shutdown, serve_workers};
 use crate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
+mod resolve;
+
+pub use resolve::ResolveArgs;
+
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
 #[derive(Debug, clap::Parser)]
 #[command(name = "idemgate", version, about)]
@@ -37,8 +41,10 @@ pub enum Command {
     Key(KeyArgs),
 }
 
-/// `idemgate key --config PATH [--method M] [--path P] [-H 'Name: value']... KEY`
+/// `idemgate key --config PATH [--method M] [--path P] [-H 'Name: value']... KEY`, or
+/// `idemgate key resolve ...`: a KEY literally named `resolve` is written after `--`.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct KeyArgs {
     /// The request's method.
     #[arg(long, default_value = "POST")]
@@ -51,7 +57,17 @@ pub struct KeyArgs {
     #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     pub headers: Vec<String>,
     /// The key as the client sends it.
-    pub key: String,
+    #[arg(required = true)]
+    pub key: Option<String>,
+    #[command(subcommand)]
+    pub action: Option<KeyCommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum KeyCommand {
+    /// Settle a record whose outcome is unknown (POST /keys/ID/resolve on the admin
+    /// listener): --executed false, or the --status (headers, body) it answered.
+    Resolve(ResolveArgs),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +122,14 @@ pub fn main() -> ExitCode {
         matches.value_source("config") == Some(clap::parser::ValueSource::CommandLine);
     if args.upstream.is_some() && config_on_command_line {
         return fail(&CliError::Contradiction);
+    }
+    // Resolving talks to a running proxy's admin listener: it needs no configuration.
+    if let Some(Command::Key(KeyArgs {
+        action: Some(KeyCommand::Resolve(resolve)),
+        ..
+    })) = &args.command
+    {
+        return resolve::run(resolve);
     }
     let config = match load(&args) {
         Ok(config) => config,
@@ -218,8 +242,9 @@ fn record_id(config: &Config, args: &KeyArgs) -> Result<String, CliError> {
         };
         headers.append(name, value);
     }
+    let key = args.key.as_deref().unwrap_or_default();
     Ok(crate::proxy::record_id(
-        config, &method, &args.path, &headers, &args.key,
+        config, &method, &args.path, &headers, key,
     )?)
 }
 

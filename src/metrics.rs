@@ -150,6 +150,34 @@ impl StoreOp {
     }
 }
 
+/// What a `reconcile` lookup said about a request whose outcome was unknown
+/// (docs/behaviour.md §18): the `result` of `idemgate_reconciliations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciled {
+    /// `2xx`: it executed; the lookup's answer is its recorded outcome.
+    Executed,
+    /// `404`: it did not; the key was released.
+    NotExecuted,
+    /// Any other answer, or no answer: `outcome-unknown` was recorded.
+    Unknown,
+}
+
+impl Reconciled {
+    pub const ALL: [Reconciled; 3] = [
+        Reconciled::Executed,
+        Reconciled::NotExecuted,
+        Reconciled::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reconciled::Executed => "executed",
+            Reconciled::NotExecuted => "not_executed",
+            Reconciled::Unknown => "unknown",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
@@ -210,6 +238,9 @@ pub struct Metrics {
     resolutions: [Counter; 2],
     /// Reads of a JWKS that failed, the last good set kept (docs/behaviour.md §17).
     jwks_refresh_failures: Counter,
+    /// Unknown outcomes the upstream was asked about, by [`Reconciled`]
+    /// (docs/behaviour.md §18).
+    reconciliations: [Counter; Reconciled::ALL.len()],
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<tokio::sync::Notify>,
@@ -322,6 +353,15 @@ impl Metrics {
             "Unknown outcomes resolved through the admin API (POST /keys/{id}/resolve), by whether the operator said the request executed",
             resolutions_family,
         );
+        let reconciliations_family = Family::<ResultLabel, Counter>::default();
+        let reconciliations = Reconciled::ALL.map(|r| {
+            reconciliations_family.get_or_create_owned(&ResultLabel { result: r.as_str() })
+        });
+        registry.register(
+            "idemgate_reconciliations",
+            "Unknown outcomes the upstream was asked about (reconcile), by what its lookup said: executed (recorded), not_executed (released) or unknown (outcome-unknown recorded)",
+            reconciliations_family,
+        );
         let undecryptable = Counter::default();
         registry.register(
             "idemgate_store_undecryptable",
@@ -337,6 +377,7 @@ impl Metrics {
         Self {
             registry,
             resolutions,
+            reconciliations,
             undecryptable,
             requests,
             jwks_refresh_failures,
@@ -498,6 +539,15 @@ impl Metrics {
     pub fn count_resolution(&self, executed: bool) {
         self.resolutions[usize::from(executed)].inc();
         self.wake();
+    }
+
+    pub fn count_reconciliation(&self, result: Reconciled) {
+        self.reconciliations[result as usize].inc();
+        self.wake();
+    }
+
+    pub fn reconciliations(&self, result: Reconciled) -> u64 {
+        self.reconciliations[result as usize].get()
     }
 
     pub fn undecryptable(&self) {

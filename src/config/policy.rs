@@ -29,6 +29,7 @@ use serde::Deserialize;
 use serde_yaml::Mapping;
 
 use super::key_format::{self, RawKeyFormat};
+use super::reconcile::{self, RawReconcile, Reconcile};
 use super::render::{
     choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
     size, statuses, strings,
@@ -188,6 +189,11 @@ policy_keys! {
         /// upstream (timeout or reset after sending, or an expired lease).
         on_unknown_outcome: OnUnknownOutcome = OnUnknownOutcome::Record,
             from Pick<OnUnknownOutcome>, show choice;
+        /// How to ask the upstream whether a request whose outcome is unknown executed,
+        /// before `outcome-unknown` is recorded (docs/behaviour.md §18): an upstream that
+        /// can look a charge up by its key settles most timeouts itself. Unset: never
+        /// asked.
+        reconcile: Option<Reconcile> = None, from RawReconcile, show reconcile::show;
         /// Upstream statuses that mean "refused before doing work": the claim is
         /// released instead of recorded, so a retry executes.
         release_statuses: Vec<StatusCode> =
@@ -281,11 +287,10 @@ impl Policy {
         let mut keys = self.keys_to_mapping(base);
         // Unset is written by leaving the key out (`null` is refused, as for any key);
         // a route cannot unset what it inherits, so this loses nothing.
-        if keys
-            .get("scope_principal")
-            .is_some_and(serde_yaml::Value::is_null)
-        {
-            keys.remove("scope_principal");
+        for optional in ["scope_principal", "reconcile"] {
+            if keys.get(optional).is_some_and(serde_yaml::Value::is_null) {
+                keys.remove(optional);
+            }
         }
         let [KeySource::Header(name)] = self.key_from.as_slice() else {
             return keys;

@@ -21,6 +21,7 @@ use super::body::{Capped, ProxyBody};
 use super::budget::Held;
 use super::detach::Detached;
 use super::lease::LeaseGuard;
+use super::reconcile::{Lookup, Verdict, mark_reconciled};
 use super::reply::{
     Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, replay_response,
     unknown_record,
@@ -30,14 +31,17 @@ use super::upstream::{self, Failure, upstream_request};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::ProxyError;
 use crate::failpoint;
-use crate::idempotency::{Completed, Fingerprint, Kept, ScopedKey, StoredBody};
-use crate::metrics::Outcome;
+use crate::idempotency::{Completed, Fingerprint, IdempotencyKey, Kept, ScopedKey, StoredBody};
+use crate::metrics::{Outcome, Reconciled};
 use crate::store::{Lease, Store};
 
 /// A buffered request with a valid key: what the exchange forwards.
 #[derive(Debug)]
 pub(crate) struct Guarded {
     pub(crate) scoped: ScopedKey,
+    /// The client's key as sent, for a `reconcile` lookup; `None` for a `fingerprint`
+    /// key, which the upstream never saw and so cannot be looked up by.
+    pub(crate) key: Option<IdempotencyKey>,
     /// How long the record is kept: `ttl`, or a `fingerprint` key's window.
     pub(crate) ttl: Duration,
     pub(crate) fingerprint: Fingerprint,
@@ -83,8 +87,16 @@ async fn exchange<S: Store>(
         body,
         peer,
         held: _request_held,
+        key,
         ..
     } = req;
+    // Taken before the request is consumed; only under `record`, where it is used.
+    let lookup = match (policy.on_unknown_outcome, &policy.reconcile, key) {
+        (OnUnknownOutcome::Record, Some(reconcile), Some(key)) => {
+            Some(Lookup::capture(reconcile, key, &parts.headers))
+        }
+        _ => None,
+    };
     let request = upstream_request(
         &live.config.upstream.url,
         parts,
@@ -111,7 +123,14 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            return Err(failed(state, lease, policy, fingerprint, ttl, failure).await);
+            let settle = Settle {
+                policy,
+                fingerprint,
+                ttl,
+                lookup,
+                peer,
+            };
+            return failed(state, live, lease, settle, failure).await;
         }
     };
     // The replay marker is ours to set: an upstream's own must not make a first response
@@ -138,7 +157,14 @@ async fn exchange<S: Store>(
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
         Err(failure) => {
-            return Err(failed(state, lease, policy, fingerprint, ttl, failure).await);
+            let settle = Settle {
+                policy,
+                fingerprint,
+                ttl,
+                lookup,
+                peer,
+            };
+            return failed(state, live, lease, settle, failure).await;
         }
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
@@ -169,30 +195,94 @@ fn kept(capped: Capped<Incoming>) -> (StoredBody, ProxyBody) {
     }
 }
 
-/// The exchange failed: settle the key as its life says (docs/behaviour.md §4), and
-/// answer with the failure.
-async fn failed<S: Store>(
-    state: &AppState<S>,
-    lease: LeaseGuard<S>,
-    policy: &Policy,
+/// What settling a failed exchange needs of it.
+struct Settle<'p> {
+    policy: &'p Policy,
     fingerprint: Fingerprint,
     ttl: Duration,
+    lookup: Option<Lookup<'p>>,
+    peer: SocketAddr,
+}
+
+/// The exchange failed: settle the key as its life says (docs/behaviour.md §4), asking
+/// the upstream first under `reconcile` (§18), and answer.
+async fn failed<S: Store>(
+    state: &Arc<AppState<S>>,
+    live: &Live,
+    mut lease: LeaseGuard<S>,
+    settle: Settle<'_>,
     failure: Failure,
-) -> ProxyError {
+) -> Result<Reply, ProxyError> {
+    let Settle {
+        policy,
+        fingerprint,
+        ttl,
+        lookup,
+        peer,
+    } = settle;
     let err = ProxyError::from(failure);
-    match (&err, policy.on_unknown_outcome) {
+    match (&err, policy.on_unknown_outcome, lookup) {
         // Never written: nothing happened upstream, so a retry may execute.
-        (ProxyError::UpstreamUnreachable(_), _) | (_, OnUnknownOutcome::Release) => {
+        (ProxyError::UpstreamUnreachable(_), _, _) | (_, OnUnknownOutcome::Release, _) => {
             lease.release().await;
         }
+        (ProxyError::OutcomeUnknown { .. }, OnUnknownOutcome::Record, Some(lookup)) => {
+            let mut held = state.budget.counting();
+            let limit = policy.max_response_body;
+            let asked = lookup.ask(
+                live.client(),
+                &live.config.upstream.url,
+                peer,
+                limit,
+                &mut held,
+            );
+            match lease.renewing(asked).await {
+                Verdict::Executed(mut head, capped) => {
+                    state.metrics.count_reconciliation(Reconciled::Executed);
+                    tracing::info!(status = %head.status, "reconcile: the upstream executed the request");
+                    head.headers.remove(&IDEMPOTENT_REPLAYED);
+                    mark_reconciled(&mut head.headers);
+                    let (stored, to_client) = kept(capped);
+                    let headers = stored_headers(&head.headers, policy);
+                    let record = Completed::clear(fingerprint, head.status, headers, stored);
+                    let outcome = lease.complete(record, ttl).await;
+                    return Ok(Reply::new(outcome, Response::from_parts(head, to_client)));
+                }
+                Verdict::NotExecuted => {
+                    state.metrics.count_reconciliation(Reconciled::NotExecuted);
+                    tracing::info!("reconcile: the upstream did not execute the request; released");
+                    lease.release().await;
+                    return Err(ProxyError::UpstreamUnreachable(NOT_EXECUTED.into()));
+                }
+                Verdict::Unknown => {
+                    state.metrics.count_reconciliation(Reconciled::Unknown);
+                    record_unknown(state, lease, &err, fingerprint, ttl).await;
+                }
+            }
+        }
         // The upstream may have executed it: retries get this same answer.
-        (_, OnUnknownOutcome::Record) => {
-            let record = unknown_record(&err.problem(), &state.config.errors, fingerprint);
-            // The count is outcome_unknown whether or not the record could be kept.
-            let _ = lease.complete(record, ttl).await;
+        (_, OnUnknownOutcome::Record, _) => {
+            record_unknown(state, lease, &err, fingerprint, ttl).await;
         }
     }
-    err
+    Err(err)
+}
+
+/// Why a request the upstream was sent is answered `upstream-unreachable`.
+const NOT_EXECUTED: &str = "the request timed out or was reset, and the reconcile lookup \
+                            says the upstream did not execute it";
+
+/// Stores `outcome-unknown` as the key's outcome: retries get this same answer.
+async fn record_unknown<S: Store>(
+    state: &AppState<S>,
+    lease: LeaseGuard<S>,
+    err: &ProxyError,
+    fingerprint: Fingerprint,
+    ttl: Duration,
+) {
+    let record = unknown_record(&err.problem(), &state.config.errors, fingerprint);
+    // The count is outcome_unknown whether or not the record could be kept.
+    let _ = lease.complete(record, ttl).await;
 }
 
 /// A crashed owner's marker was taken over under `on_unknown_outcome: record`: store

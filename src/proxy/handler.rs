@@ -304,9 +304,12 @@ fn guard(
         &policy.fingerprint_rules(),
         json,
     );
-    let key = key.unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
+    let addressed = key
+        .clone()
+        .unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
     Guarded {
-        scoped: policy.address(&parts.headers, principal, source, &key),
+        scoped: policy.address(&parts.headers, principal, source, &addressed),
+        key,
         ttl: policy.record_ttl(source),
         fingerprint,
         parts,

@@ -12,7 +12,7 @@
 //!    `upgrade.rs` passes upgrades through;
 //! 4. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
 //! 5. `exchange.rs`: forward once and record (on its own task if the client leaves,
-//!    `detach.rs`);
+//!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
 //! 6. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
 //! 7. `reply.rs`: replays, problems, and the one place an answer is counted and logged;
 //! 8. `state.rs`: the shared state ([`AppState`]), the configuration in force ([`Live`]),
@@ -31,6 +31,7 @@ mod handler;
 mod jwks;
 mod lease;
 mod listen;
+mod reconcile;
 pub mod reload;
 mod reply;
 mod state;

@@ -17,6 +17,7 @@ mod key_format;
 mod keys;
 mod limits;
 mod principal;
+mod reconcile;
 mod reload;
 
 fn no_env(_: &str) -> Option<String> {
@@ -296,6 +297,7 @@ fn every_key_can_be_overridden() {
         on_concurrent: OnConcurrent::Wait,
         wait_timeout: secs(5),
         on_unknown_outcome: OnUnknownOutcome::Release,
+        reconcile: None,
         release_statuses: vec![
             StatusCode::TOO_MANY_REQUESTS,
             StatusCode::BAD_GATEWAY,

@@ -1,0 +1,188 @@
+//! `reconcile` (docs/behaviour.md §18): how to ask the upstream whether a request whose
+//! outcome is unknown executed, before `outcome-unknown` is recorded. Checked while it
+//! is deserialized, so that an error names its path (`routes[0].reconcile.path`), and
+//! printed for `--check`.
+
+use std::time::Duration;
+
+use http::{HeaderName, Method, header};
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use serde_yaml::{Mapping, Value};
+
+use super::render::{duration, header_name};
+use super::values::{Count, Dur, Header, Raw, Text};
+
+/// The lookup, as a policy has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconcile {
+    pub method: Method,
+    /// The lookup's path and query; `{key}` stands for the request's key, percent-encoded.
+    pub path: String,
+    /// Request headers copied from the original request (its credentials, typically).
+    pub copy_headers: Vec<HeaderName>,
+    /// How long one lookup may take.
+    pub timeout: Duration,
+    /// Lookups tried while they fail or answer `5xx`, with back-off between them.
+    pub attempts: u32,
+}
+
+/// What a lookup path must hold: the key, there and nowhere else in braces.
+const KEY_PLACEHOLDER: &str = "{key}";
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_ATTEMPTS: u32 = 3;
+/// A lookup is a handful of tries, not a retry storm against a struggling upstream.
+const MAX_ATTEMPTS: u64 = 10;
+
+impl Reconcile {
+    /// The lookup's path and query for `key`: `{key}` replaced by the key with every
+    /// byte but RFC 3986's unreserved ones percent-encoded.
+    pub fn path_for(&self, key: &str) -> String {
+        let mut encoded = String::with_capacity(key.len() * 3);
+        for byte in key.bytes() {
+            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                encoded.push(char::from(byte));
+            } else {
+                encoded.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        self.path.replace(KEY_PLACEHOLDER, &encoded)
+    }
+}
+
+/// `reconcile` as written.
+#[derive(Debug, Clone)]
+pub(super) struct RawReconcile(Reconcile);
+
+impl Raw for RawReconcile {
+    type Typed = Option<Reconcile>;
+    fn typed(self) -> Option<Reconcile> {
+        Some(self.0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with path (and method, copy_headers, timeout, attempts)"
+)]
+struct Fields {
+    method: Option<Text>,
+    path: Option<Text>,
+    copy_headers: Option<Vec<Header>>,
+    timeout: Option<Dur>,
+    attempts: Option<Count>,
+}
+
+impl<'de> Deserialize<'de> for RawReconcile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let f = Fields::deserialize(d)?;
+        let method = match f.method {
+            None => Method::GET,
+            Some(text) => Method::from_bytes(text.0.trim().to_ascii_uppercase().as_bytes())
+                .map_err(|_| de::Error::custom(format!("invalid HTTP method '{}'", text.0)))?,
+        };
+        let path = f
+            .path
+            .ok_or_else(|| {
+                de::Error::custom(
+                    "needs the lookup's path, with {key} where the key goes, e.g. \
+                     /charges/by-key/{key}",
+                )
+            })?
+            .0;
+        check_path(&path).map_err(de::Error::custom)?;
+        let attempts = match f.attempts {
+            None => DEFAULT_ATTEMPTS,
+            Some(Count(n)) if (1..=MAX_ATTEMPTS).contains(&n) => {
+                u32::try_from(n).map_err(|_| de::Error::custom("attempts: too large"))?
+            }
+            Some(Count(n)) => {
+                return Err(de::Error::custom(format!(
+                    "attempts must be 1 to {MAX_ATTEMPTS}, not {n}"
+                )));
+            }
+        };
+        Ok(RawReconcile(Reconcile {
+            method,
+            path,
+            copy_headers: f.copy_headers.map_or_else(
+                || vec![header::AUTHORIZATION],
+                |headers| headers.into_iter().map(|h| h.0).collect(),
+            ),
+            timeout: f.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0),
+            attempts,
+        }))
+    }
+}
+
+/// An origin-form path with `{key}` in it, and no other brace.
+fn check_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!(
+            "path '{path}' must start with '/': it is sent to the upstream"
+        ));
+    }
+    if !path.contains(KEY_PLACEHOLDER) {
+        return Err(format!(
+            "path '{path}' has no {KEY_PLACEHOLDER}: the lookup must name the request's key"
+        ));
+    }
+    let rest = path.replace(KEY_PLACEHOLDER, "");
+    if rest.contains(['{', '}']) {
+        return Err(format!(
+            "path '{path}': {KEY_PLACEHOLDER} is the only placeholder"
+        ));
+    }
+    if rest.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "path '{path}' must be visible ASCII without spaces (percent-encode the rest)"
+        ));
+    }
+    Ok(())
+}
+
+/// `reconcile` for `--check`: `null` when unset.
+pub(super) fn show(reconcile: &Option<Reconcile>) -> Value {
+    let Some(r) = reconcile else {
+        return Value::Null;
+    };
+    let mut map = Mapping::new();
+    map.insert("method".into(), r.method.as_str().into());
+    map.insert("path".into(), r.path.as_str().into());
+    let headers: Vec<Value> = r.copy_headers.iter().map(header_name).collect();
+    map.insert("copy_headers".into(), headers.into());
+    map.insert("timeout".into(), duration(&r.timeout));
+    map.insert("attempts".into(), u64::from(r.attempts).into());
+    Value::Mapping(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_percent_encoded_into_the_path() {
+        let r = Reconcile {
+            method: Method::GET,
+            path: "/charges/by-key/{key}?expand=1".to_owned(),
+            copy_headers: vec![],
+            timeout: DEFAULT_TIMEOUT,
+            attempts: 1,
+        };
+        assert_eq!(
+            r.path_for("a b/c?d%e_f-1.2~"),
+            "/charges/by-key/a%20b%2Fc%3Fd%25e_f-1.2~?expand=1"
+        );
+    }
+
+    #[test]
+    fn a_path_needs_the_key_and_no_other_placeholder() {
+        assert!(check_path("/charges/{key}").is_ok());
+        assert!(check_path("/charges?key={key}").is_ok());
+        for bad in ["charges/{key}", "/charges", "/{key}/{id}", "/a b/{key}"] {
+            assert!(check_path(bad).is_err(), "{bad}");
+        }
+    }
+}
