@@ -140,6 +140,45 @@ pub struct Sealed {
     pub nonce: [u8; NONCE_LEN],
     /// The response's encoding ([`StoredResponse::encode_into`]) and the AEAD tag.
     pub ciphertext: Bytes,
+    /// The response once opened, kept beside a record that stays in this process's
+    /// memory (the memory and file stores), so that its replays do not decrypt it each
+    /// time. Not part of the record: never encoded, and ignored by `==`.
+    pub opened: OpenedOnce,
+}
+
+/// A [`Sealed`] record's response, opened at most once per copy of the record.
+#[derive(Clone, Default)]
+pub struct OpenedOnce(Arc<std::sync::OnceLock<StoredResponse>>);
+
+impl OpenedOnce {
+    pub fn get(&self) -> Option<&StoredResponse> {
+        self.0.get()
+    }
+
+    /// Keeps `response`, unless another caller kept one first; returns the one kept.
+    pub fn keep(&self, response: StoredResponse) -> &StoredResponse {
+        self.0.get_or_init(|| response)
+    }
+}
+
+/// A cache, not part of what a record is.
+impl PartialEq for OpenedOnce {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for OpenedOnce {}
+
+/// Never shows the response.
+impl std::fmt::Debug for OpenedOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "OpenedOnce(..)"
+        } else {
+            "OpenedOnce(-)"
+        })
+    }
 }
 
 /// An AEAD nonce: 96 bits, fresh and random per record.
@@ -506,6 +545,7 @@ impl Record {
                         too_large,
                         nonce,
                         ciphertext,
+                        opened: OpenedOnce::default(),
                     }),
                     times,
                     unknown,
@@ -717,6 +757,7 @@ mod tests {
                 too_large,
                 nonce: [4; NONCE_LEN],
                 ciphertext: Bytes::from_static(b"\x01\x02ciphertext and tag"),
+                opened: OpenedOnce::default(),
             }),
             times,
             unknown: false,

@@ -16,7 +16,7 @@ use rand::RngExt;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 
 use crate::config::EncryptionKey;
-use crate::idempotency::record::NONCE_LEN;
+use crate::idempotency::record::{NONCE_LEN, OpenedOnce};
 use crate::idempotency::{Completed, Kept, ScopedKey, Sealed, StoredResponse};
 
 /// Every key of `store.encryption`; the first seals, all of them open.
@@ -50,25 +50,19 @@ impl Undecryptable {
     }
 }
 
-/// A response ready to be sent again: the record's own when it was kept in clear (no
-/// copy), or the one a sealed record opened to.
+/// A record ready to be sent again: one kept in clear, or a sealed one whose response
+/// has been opened and kept beside it.
 #[derive(Debug, Clone)]
-pub struct Opened(Inner);
-
-#[derive(Debug, Clone)]
-enum Inner {
-    /// Holds a record whose response is [`Kept::Clear`]: see [`Opened::response`].
-    Clear(Arc<Completed>),
-    Unsealed(StoredResponse),
-}
+pub struct Opened(Arc<Completed>);
 
 impl Opened {
     pub fn response(&self) -> &StoredResponse {
-        match &self.0 {
-            Inner::Clear(record) => record
-                .clear_response()
-                .expect("Opened::Clear is made from clear records only"),
-            Inner::Unsealed(response) => response,
+        match &self.0.kept {
+            Kept::Clear(response) => response,
+            Kept::Sealed(sealed) => sealed
+                .opened
+                .get()
+                .expect("Opened holds a sealed record only once its response is kept"),
         }
     }
 }
@@ -115,6 +109,7 @@ impl Keyring {
                 too_large,
                 nonce,
                 ciphertext: buf.freeze(),
+                opened: OpenedOnce::default(),
             }),
             times: record.times,
             unknown: record.unknown,
@@ -123,19 +118,28 @@ impl Keyring {
 
     /// The response of a record found under `key`. A clear record opens without a
     /// keyring, so records written before encryption was turned on still replay.
+    ///
+    /// A sealed record's response is kept beside it once opened: the memory and file
+    /// stores hand out the same record to every replay, which then decrypts it once.
+    /// That copy is in this process's memory only, where the keyring is too; Redis and
+    /// the file store's journal hold only the sealed bytes.
     pub fn open(
         keyring: Option<&Self>,
         key: &ScopedKey,
         record: Arc<Completed>,
     ) -> Result<Opened, Undecryptable> {
         let sealed = match &record.kept {
-            Kept::Clear(_) => return Ok(Opened(Inner::Clear(record))),
+            Kept::Clear(_) => return Ok(Opened(record)),
             Kept::Sealed(sealed) => sealed,
         };
         let opening = keyring
             .and_then(|ring| ring.keys.iter().find(|(id, _)| *id == sealed.key_id))
             .map(|(_, k)| k)
             .ok_or_else(|| Undecryptable::UnknownKey(Arc::clone(&sealed.key_id)))?;
+        // Its key still listed, a record opened before opens as it did.
+        if sealed.opened.get().is_some() {
+            return Ok(Opened(record));
+        }
         let rejected = || Undecryptable::Rejected(Arc::clone(&sealed.key_id));
         let mut buf = sealed.ciphertext.to_vec();
         let plain = opening
@@ -149,7 +153,8 @@ impl Keyring {
         buf.truncate(len);
         let response =
             StoredResponse::decode(Bytes::from(buf), sealed.too_large).map_err(|_| rejected())?;
-        Ok(Opened(Inner::Unsealed(response)))
+        sealed.opened.keep(response);
+        Ok(Opened(record))
     }
 }
 
@@ -211,6 +216,31 @@ mod tests {
         assert_eq!(sealed.fingerprint, record().fingerprint);
         let opened = Keyring::open(Some(&ring), &address(3), Arc::new(sealed)).expect("opens");
         assert_eq!(Some(opened.response()), record().clear_response());
+    }
+
+    /// A record that stays in memory is decrypted once: its replays after the first
+    /// read the response kept beside it, which is neither encoded nor compared.
+    #[test]
+    fn a_record_is_opened_once_and_the_opened_copy_is_not_part_of_it() {
+        let ring = Keyring::new(&[key("k1", 7)]).expect("a key");
+        let sealed = Arc::new(ring.seal(&address(3), record()));
+        let before = sealed.encode();
+        let pristine = (*sealed).clone().compacted();
+        let Kept::Sealed(s) = &sealed.kept else {
+            panic!("sealed")
+        };
+        assert!(s.opened.get().is_none());
+        Keyring::open(Some(&ring), &address(3), Arc::clone(&sealed)).expect("opens");
+        assert_eq!(
+            s.opened.get(),
+            record().clear_response(),
+            "kept once opened"
+        );
+        let again = Keyring::open(Some(&ring), &address(3), Arc::clone(&sealed)).expect("kept");
+        assert_eq!(Some(again.response()), record().clear_response());
+        assert_eq!(sealed.encode(), before, "never encoded");
+        assert_eq!(*sealed, pristine, "nor compared");
+        assert!(!format!("{sealed:?}").contains("MARKER"), "nor shown");
     }
 
     #[test]
