@@ -23,8 +23,8 @@ use super::detach::Detached;
 use super::lease::LeaseGuard;
 use super::reconcile::{Lookup, Verdict, mark_reconciled};
 use super::reply::{
-    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, replay_response,
-    unknown_record,
+    Counted, IDEMPOTENT_REPLAYED, Reply, abandoned_response, finish, problem_response,
+    replay_response, unknown_record,
 };
 use super::state::{AppState, Live, PolicyId};
 use super::upstream::{self, Failure, upstream_request};
@@ -209,7 +209,7 @@ struct Settle<'p> {
 async fn failed<S: Store>(
     state: &Arc<AppState<S>>,
     live: &Live,
-    mut lease: LeaseGuard<S>,
+    lease: LeaseGuard<S>,
     settle: Settle<'_>,
     failure: Failure,
 ) -> Result<Reply, ProxyError> {
@@ -227,37 +227,16 @@ async fn failed<S: Store>(
             lease.release().await;
         }
         (ProxyError::OutcomeUnknown { .. }, OnUnknownOutcome::Record, Some(lookup)) => {
-            let mut held = state.budget.counting();
-            let limit = policy.max_response_body;
-            let asked = lookup.ask(
-                live.client(),
-                &live.config.upstream.url,
+            let settle = Settle {
+                policy,
+                fingerprint,
+                ttl,
+                lookup: None,
                 peer,
-                limit,
-                &mut held,
-            );
-            match lease.renewing(asked).await {
-                Verdict::Executed(mut head, capped) => {
-                    state.metrics.count_reconciliation(Reconciled::Executed);
-                    tracing::info!(status = %head.status, "reconcile: the upstream executed the request");
-                    head.headers.remove(&IDEMPOTENT_REPLAYED);
-                    mark_reconciled(&mut head.headers);
-                    let (stored, to_client) = kept(capped);
-                    let headers = stored_headers(&head.headers, policy);
-                    let record = Completed::clear(fingerprint, head.status, headers, stored);
-                    let outcome = lease.complete(record, ttl).await;
-                    return Ok(Reply::new(outcome, Response::from_parts(head, to_client)));
-                }
-                Verdict::NotExecuted => {
-                    state.metrics.count_reconciliation(Reconciled::NotExecuted);
-                    tracing::info!("reconcile: the upstream did not execute the request; released");
-                    lease.release().await;
-                    return Err(ProxyError::UpstreamUnreachable(NOT_EXECUTED.into()));
-                }
-                Verdict::Unknown => {
-                    state.metrics.count_reconciliation(Reconciled::Unknown);
-                    record_unknown(state, lease, &err, fingerprint, ttl).await;
-                }
+            };
+            match reconciled(state, live, lease, &lookup, &settle).await {
+                Ok(settled) => return settled,
+                Err(lease) => record_unknown(state, lease, &err, fingerprint, ttl).await,
             }
         }
         // The upstream may have executed it: retries get this same answer.
@@ -266,6 +245,54 @@ async fn failed<S: Store>(
         }
     }
     Err(err)
+}
+
+/// Asks the upstream under `reconcile` (docs/behaviour.md §18) whether the request was
+/// executed, and settles the key if it knows: executed, its answer is recorded and sent;
+/// not executed, the key is released and the answer is `upstream-unreachable`. Hands the
+/// lease back when the upstream cannot say, for `outcome-unknown` to be recorded.
+async fn reconciled<S: Store>(
+    state: &Arc<AppState<S>>,
+    live: &Live,
+    mut lease: LeaseGuard<S>,
+    lookup: &Lookup<'_>,
+    settle: &Settle<'_>,
+) -> Result<Result<Reply, ProxyError>, LeaseGuard<S>> {
+    let mut held = state.budget.counting();
+    let limit = settle.policy.max_response_body;
+    let asked = lookup.ask(
+        live.client(),
+        &live.config.upstream.url,
+        settle.peer,
+        limit,
+        &mut held,
+    );
+    match lease.renewing(asked).await {
+        Verdict::Executed(mut head, capped) => {
+            state.metrics.count_reconciliation(Reconciled::Executed);
+            tracing::info!(status = %head.status, "reconcile: the upstream executed the request");
+            head.headers.remove(&IDEMPOTENT_REPLAYED);
+            mark_reconciled(&mut head.headers);
+            let (stored, to_client) = kept(capped);
+            let headers = stored_headers(&head.headers, settle.policy);
+            let record = Completed::clear(settle.fingerprint, head.status, headers, stored);
+            let outcome = lease.complete(record, settle.ttl).await;
+            Ok(Ok(Reply::new(
+                outcome,
+                Response::from_parts(head, to_client),
+            )))
+        }
+        Verdict::NotExecuted => {
+            state.metrics.count_reconciliation(Reconciled::NotExecuted);
+            tracing::info!("reconcile: the upstream did not execute the request; released");
+            lease.release().await;
+            Ok(Err(ProxyError::UpstreamUnreachable(NOT_EXECUTED.into())))
+        }
+        Verdict::Unknown => {
+            state.metrics.count_reconciliation(Reconciled::Unknown);
+            Err(lease)
+        }
+    }
 }
 
 /// Why a request the upstream was sent is answered `upstream-unreachable`.
@@ -285,15 +312,38 @@ async fn record_unknown<S: Store>(
     let _ = lease.complete(record, ttl).await;
 }
 
-/// A crashed owner's marker was taken over under `on_unknown_outcome: record`: store
-/// `outcome-unknown` as the key's outcome and answer with it, as a replay.
+/// A crashed owner's marker was taken over under `on_unknown_outcome: record`: under
+/// `reconcile`, ask the upstream first, with this retry's key and headers
+/// (docs/behaviour.md §18); otherwise, or when it cannot say, store `outcome-unknown` as
+/// the key's outcome and answer with it, as a replay.
 pub(crate) async fn record_abandoned<S: Store>(
     state: &Arc<AppState<S>>,
+    live: &Live,
     policy: &Policy,
     lease: Lease,
-    fingerprint: Fingerprint,
-    ttl: Duration,
+    req: &Guarded,
 ) -> Reply {
+    let (fingerprint, ttl) = (req.fingerprint, req.ttl);
+    let mut lease = LeaseGuard::new(state, lease, policy.lease);
+    if let (Some(reconcile), Some(key)) = (&policy.reconcile, req.key.clone()) {
+        let lookup = Lookup::capture(reconcile, key, &req.parts.headers);
+        let settle = Settle {
+            policy,
+            fingerprint,
+            ttl,
+            lookup: None,
+            peer: req.peer,
+        };
+        lease = match reconciled(state, live, lease, &lookup, &settle).await {
+            Ok(Ok(reply)) => return reply,
+            Ok(Err(err)) => {
+                let problem = err.problem();
+                let response = problem_response(&problem, &state.config.errors);
+                return Reply::new(err.outcome(), response);
+            }
+            Err(lease) => lease,
+        };
+    }
     let stored = abandoned_response(&state.config.errors);
     let response = replay_response(&stored, policy);
     let record = Completed {
@@ -302,7 +352,6 @@ pub(crate) async fn record_abandoned<S: Store>(
         times: None,
         unknown: true,
     };
-    let lease = LeaseGuard::new(state, lease, policy.lease);
     let _ = lease.complete(record, ttl).await;
     Reply::new(Outcome::OutcomeUnknown, response)
 }

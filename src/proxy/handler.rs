@@ -162,9 +162,9 @@ async fn route<S: Store, B: RequestBody>(
         claim::claim(state, policy, (req.scoped, scope), req.fingerprint, req.ttl).await?;
     let next = match claimed {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
-        Claimed::Abandoned(lease) => Next::Answer(
-            exchange::record_abandoned(state, policy, lease, req.fingerprint, req.ttl).await,
-        ),
+        Claimed::Abandoned(lease) => {
+            Next::Answer(exchange::record_abandoned(state, live, policy, lease, &req).await)
+        }
         Claimed::Replay(completed) => Next::Answer(Reply::new(
             Outcome::Replayed,
             replay_response(completed.response(), policy),

@@ -206,3 +206,84 @@ async fn a_timeout_is_settled_by_the_lookup_on_redis() {
     proxy.stop().await;
     backend.stop().await;
 }
+
+/// A crashed owner's marker, taken over by a retry: under `reconcile` the retry asks
+/// the upstream before recording `outcome-unknown`, with its own key and headers, and
+/// the charge the crashed owner made is the answer (docs/behaviour.md §18).
+#[tokio::test]
+async fn a_crashed_owners_key_is_settled_by_the_lookup_when_a_retry_takes_it_over() {
+    use idemgate::idempotency::{Fingerprint, OwnerToken, ScopedKey};
+    use idemgate::store::{Claim, ClaimRequest};
+    use std::time::Duration;
+
+    let backend = Backend::start().await;
+    let proxy = Proxy::with_config(config(&backend, FOUND, MEMORY)).await;
+    let (key, body) = ("crashed-1", "{}");
+    // The crashed owner's request reached the backend, which charged it.
+    let charged = backend
+        .client
+        .send(
+            "POST",
+            "/charges",
+            &[
+                ("idempotency-key", key),
+                ("content-type", "application/json"),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(charged.status, 201);
+    // Its marker, as it left it: a lease that has ended.
+    let headers = {
+        let mut h = http::HeaderMap::new();
+        h.insert("idempotency-key", key.parse().expect("value"));
+        h.insert("content-type", "application/json".parse().expect("value"));
+        h
+    };
+    let id = idemgate::proxy::record_id(
+        &proxy.state.config,
+        &http::Method::POST,
+        "/charges",
+        &headers,
+        key,
+    )
+    .expect("guarded");
+    let scoped = ScopedKey::from_hex(&id["idemgate:".len()..]).expect("id");
+    let policy = &proxy.state.config.routes[0].policy;
+    let fingerprint = Fingerprint::new(
+        &http::Method::POST,
+        "/charges",
+        &headers,
+        &policy.fingerprint_rules(),
+        body.as_bytes(),
+    );
+    let claim = ClaimRequest {
+        key: scoped,
+        scope: None,
+        fingerprint,
+        token: OwnerToken::random(),
+        lease: Duration::from_millis(1),
+        ttl: Duration::from_secs(3600),
+    };
+    let Claim::Acquired(_) = proxy.state.store.claim(claim).await.expect("claim") else {
+        panic!("the key was free")
+    };
+    // Taken only once the lease has ended: poll with a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let retry = loop {
+        let retry = proxy.client().post("/charges", key, body).await;
+        if retry.status != 409 || std::time::Instant::now() > deadline {
+            break retry;
+        }
+    };
+    // The lookup's own answer: `200` and the charge.
+    assert_eq!(retry.status, 200, "{}", retry.text());
+    assert_eq!(retry.headers["idempotency-reconciled"], "true");
+    assert_eq!(retry.body, charged.body, "the crashed owner's charge");
+    let again = proxy.client().post("/charges", key, body).await;
+    assert!(again.replayed());
+    assert_eq!(backend.charges().await, 1, "never executed again");
+    assert_eq!(reconciliations(&proxy, Reconciled::Executed), 1);
+    proxy.stop().await;
+    backend.stop().await;
+}
