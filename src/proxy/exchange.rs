@@ -97,6 +97,14 @@ async fn exchange<S: Store>(
         }
         _ => None,
     };
+    // How the key is settled if the exchange fails.
+    let settle = Settle {
+        policy,
+        fingerprint,
+        ttl,
+        lookup,
+        peer,
+    };
     let request = upstream_request(
         &live.config.upstream.url,
         parts,
@@ -123,13 +131,6 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            let settle = Settle {
-                policy,
-                fingerprint,
-                ttl,
-                lookup,
-                peer,
-            };
             return failed(state, live, lease, settle, failure).await;
         }
     };
@@ -156,16 +157,7 @@ async fn exchange<S: Store>(
     state.metrics.observe_upstream(started.elapsed());
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
-        Err(failure) => {
-            let settle = Settle {
-                policy,
-                fingerprint,
-                ttl,
-                lookup,
-                peer,
-            };
-            return failed(state, live, lease, settle, failure).await;
-        }
+        Err(failure) => return failed(state, live, lease, settle, failure).await,
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
     let record = Completed::clear(

@@ -7,25 +7,12 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, Method};
 use idemgate::config::Config;
 use idemgate::metrics::Outcome;
 use idemgate::store::{RedisStore, Store};
 use support::bin::{Running, TempConfig, free_port};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, TestClient, Upstream};
-
-/// The record id that `idemgate key` prints for a POST to `path` with `key`.
-fn id_of<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) -> String {
-    idemgate::proxy::record_id(
-        &proxy.state.config,
-        &Method::POST,
-        path,
-        &HeaderMap::new(),
-        key,
-    )
-    .expect("a guarded path")
-}
 
 fn time(value: &serde_json::Value) -> SystemTime {
     let text = value
@@ -56,7 +43,7 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
         .post("/charges", "order-7731", "{\"amount\":100}")
         .await;
     assert_eq!(first.status, 201);
-    let id = id_of(&proxy, "/charges", "order-7731");
+    let id = proxy.record_id("/charges", "order-7731");
     assert!(id.starts_with("idemgate:") && id.len() == "idemgate:".len() + 64);
     let seen = admin.send("GET", &format!("/keys/{id}"), &[], "").await;
     assert_eq!(seen.status, 200, "{}", seen.text());
@@ -176,7 +163,7 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     // A live marker: reported in flight, never purged without force.
     let held = client.spawn_post("/gate/charges", "order-7732", "{}");
     up.wait_for(3).await;
-    let id = id_of(&proxy, "/gate/charges", "order-7732");
+    let id = proxy.record_id("/gate/charges", "order-7732");
     let seen = admin.send("GET", &format!("/keys/{id}"), &[], "").await;
     assert_eq!(seen.status, 200, "{}", seen.text());
     let json = seen.json();
@@ -298,7 +285,7 @@ async fn a_token_guards_keys_and_nothing_else() {
     let proxy = Proxy::start(&yaml, &up).await;
     let admin = proxy.admin().await;
     proxy.client().post("/charges", "k-1", "{}").await;
-    let path = format!("/keys/{}", id_of(&proxy, "/charges", "k-1"));
+    let path = format!("/keys/{}", proxy.record_id("/charges", "k-1"));
     for auth in [
         None,
         Some("Bearer wrong".to_owned()),
@@ -517,7 +504,7 @@ async fn a_purge_is_logged_and_counted_without_secrets() {
 async fn a_record_from_before_times_were_kept_is_reported_and_purged() {
     let up = Upstream::start().await;
     let (redis, proxy) = on_its_own_redis(&up).await;
-    let id = id_of(&proxy, "/charges", "old-key");
+    let id = proxy.record_id("/charges", "old-key");
     // A completed 201 with no headers and the body `ok`, in format 1, under a
     // fingerprint nobody's request has: enough to be reported, not replayed.
     let mut v1 = vec![1u8, 2];

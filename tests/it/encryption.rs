@@ -7,7 +7,6 @@ use crate::support;
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method};
 use idemgate::config::Config;
 use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use support::redis::{RedisCluster, RedisServer};
@@ -30,17 +29,6 @@ fn config(up: &Upstream, store: &str, keys: &[(&str, &str)]) -> Config {
         }
     }
     Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid")
-}
-
-fn id_of<S: Store>(proxy: &Proxy<S>, key: &str) -> String {
-    idemgate::proxy::record_id(
-        &proxy.state.config,
-        &Method::POST,
-        "/charges",
-        &HeaderMap::new(),
-        key,
-    )
-    .expect("a guarded path")
 }
 
 fn body(n: u32) -> String {
@@ -72,7 +60,7 @@ where
     let plain = start(&[]).await;
     let first = plain.client().post("/charges", "clear-1", &body(1)).await;
     assert_eq!(first.status, 201);
-    let clear_id = id_of(&plain, "clear-1");
+    let clear_id = plain.record_id("/charges", "clear-1");
     let held = stored(&clear_id).await.expect("a clear record is stored");
     assert!(contains(&held, PLAIN), "a clear record shows its body");
     drop(plain);
@@ -87,7 +75,7 @@ where
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
     assert_eq!(again.headers["x-execution"], first.headers["x-execution"]);
-    let id = id_of(&sealing, "enc-1");
+    let id = sealing.record_id("/charges", "enc-1");
     let held = stored(&id).await.expect("the record is stored");
     assert!(!held.is_empty());
     assert!(!contains(&held, MARKER), "the body is in the stored bytes");
@@ -120,7 +108,7 @@ where
     assert!(again.replayed());
     assert_eq!(again.body, first.body);
     rotated.client().post("/charges", "enc-2", &body(3)).await;
-    let id2 = id_of(&rotated, "enc-2");
+    let id2 = rotated.record_id("/charges", "enc-2");
     let shown = rotated
         .admin()
         .await
@@ -265,16 +253,16 @@ async fn a_sealed_value_copied_under_another_key_is_refused() {
         .get_multiplexed_async_connection()
         .await
         .expect("connection");
-    let value = redis_get(&mut conn, &id_of(&proxy, "victim"))
+    let value = redis_get(&mut conn, &proxy.record_id("/charges", "victim"))
         .await
         .expect("stored");
     let ttl: i64 = redis::cmd("PTTL")
-        .arg(id_of(&proxy, "other"))
+        .arg(proxy.record_id("/charges", "other"))
         .query_async(&mut conn)
         .await
         .expect("PTTL");
     let _: () = redis::cmd("SET")
-        .arg(id_of(&proxy, "other"))
+        .arg(proxy.record_id("/charges", "other"))
         .arg(value)
         .arg("PX")
         .arg(ttl)

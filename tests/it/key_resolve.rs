@@ -4,7 +4,6 @@
 
 use crate::support;
 
-use http::{HeaderMap, Method};
 use support::bin::{Finished, idemgate, run};
 use support::{Proxy, TestClient, Upstream};
 
@@ -23,17 +22,6 @@ async fn resolve(admin: &TestClient, token: Option<&str>, args: &[&str]) -> Fini
     .await
 }
 
-fn id_of(proxy: &Proxy, key: &str) -> String {
-    idemgate::proxy::record_id(
-        &proxy.state.config,
-        &Method::POST,
-        "/reset",
-        &HeaderMap::new(),
-        key,
-    )
-    .expect("a guarded path")
-}
-
 #[tokio::test]
 async fn key_resolve_settles_an_unknown_outcome_either_way() {
     let up = Upstream::start().await;
@@ -50,7 +38,7 @@ async fn key_resolve_settles_an_unknown_outcome_either_way() {
         c.post("/reset", "k-yes", "{}").await.problem(),
         "outcome-unknown"
     );
-    let id = id_of(&proxy, "k-yes");
+    let id = proxy.record_id("/reset", "k-yes");
     let dir = tempfile::tempdir().expect("temp dir");
     let body = dir.path().join("charge.json");
     std::fs::write(&body, r#"{"id":"ch_9"}"#).expect("write");
@@ -91,7 +79,7 @@ async fn key_resolve_settles_an_unknown_outcome_either_way() {
         "outcome-unknown"
     );
     let executions = up.count();
-    let id = id_of(&proxy, "k-no");
+    let id = proxy.record_id("/reset", "k-no");
     let done = resolve(&admin, Some(TOKEN), &[id.as_str(), "--executed", "false"]).await;
     assert_eq!(done.code(), Some(0), "{done:?}");
     assert!(done.stdout.is_empty(), "{done:?}");

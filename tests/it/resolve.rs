@@ -5,22 +5,10 @@ use crate::support;
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method};
 use idemgate::config::Config;
 use idemgate::store::{RedisStore, Store};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, TestClient, Upstream};
-
-fn id_of<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) -> String {
-    idemgate::proxy::record_id(
-        &proxy.state.config,
-        &Method::POST,
-        path,
-        &HeaderMap::new(),
-        key,
-    )
-    .expect("a guarded path")
-}
 
 async fn resolve(admin: &TestClient, id: &str, body: &str) -> Resp {
     admin
@@ -55,7 +43,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     // Executed after all: the operator gives the answer, and every retry replays it.
     let first = client.post("/reset", "charge-1", "{}").await;
     assert_eq!(first.problem(), "outcome-unknown");
-    let id = id_of(&proxy, "/reset", "charge-1");
+    let id = proxy.record_id("/reset", "charge-1");
     let before = json(&admin.send("GET", &format!("/keys/{id}"), &[], "").await);
     assert_eq!(before["status"], 502);
     let done = resolve(
@@ -88,7 +76,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
 
     // Not executed: the record goes, and the next retry executes.
     client.post("/reset", "charge-2", "{}").await;
-    let id2 = id_of(&proxy, "/reset", "charge-2");
+    let id2 = proxy.record_id("/reset", "charge-2");
     let removed = resolve(&admin, &id2, r#"{"executed": false}"#).await;
     assert_eq!(removed.status, 204, "{}", removed.text());
     let shown = admin.send("GET", &format!("/keys/{id2}"), &[], "").await;
@@ -102,7 +90,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     // What cannot be resolved.
     let known = client.post("/charges", "paid", "{}").await;
     assert_eq!(known.status, 201);
-    let known_id = id_of(&proxy, "/charges", "paid");
+    let known_id = proxy.record_id("/charges", "paid");
     let refused = resolve(&admin, &known_id, r#"{"executed": false}"#).await;
     assert_eq!(
         (refused.status.as_u16(), refused.problem()),
@@ -115,7 +103,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     );
     let absent = resolve(
         &admin,
-        &id_of(&proxy, "/reset", "never"),
+        &proxy.record_id("/reset", "never"),
         r#"{"executed": false}"#,
     )
     .await;
@@ -130,7 +118,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
 
     // Two operators at once: exactly one resolution lands.
     client.post("/reset", "charge-3", "{}").await;
-    let id3 = id_of(&proxy, "/reset", "charge-3");
+    let id3 = proxy.record_id("/reset", "charge-3");
     let (a, b) = tokio::join!(
         resolve(
             &admin,
@@ -211,7 +199,7 @@ async fn a_resolved_answer_is_encrypted_when_records_are() {
     let proxy = Proxy::with_config(config(&up, &store)).await;
     let admin = proxy.admin().await;
     proxy.client().post("/reset", "sealed", "{}").await;
-    let id = id_of(&proxy, "/reset", "sealed");
+    let id = proxy.record_id("/reset", "sealed");
     let done = resolve(
         &admin,
         &id,

@@ -114,6 +114,19 @@ impl<S: Store> Proxy<S> {
             .expect("serve task")
     }
 
+    /// The record id (`key_prefix` + 64 hex) of a POST to `path` with `key` and no other
+    /// header, as `idemgate key` prints it.
+    pub fn record_id(&self, path: &str, key: &str) -> String {
+        idemgate::proxy::record_id(
+            &self.state.config,
+            &Method::POST,
+            path,
+            &HeaderMap::new(),
+            key,
+        )
+        .expect("a guarded path")
+    }
+
     /// `idemgate_buffered_bytes`, as `/metrics` exports it.
     pub fn buffered_bytes(&self) -> u64 {
         self.state
