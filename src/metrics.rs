@@ -1,202 +1,23 @@
 //! What the proxy counts, exposed on the admin listener's `/metrics` through
-//! prometheus-client.
+//! prometheus-client: [`Metrics`], the one registry and the handles the hot path counts
+//! with. The label values are in `labels.rs`; the two text formats `/metrics` speaks,
+//! in `format.rs`.
+
+mod format;
+mod labels;
+
+pub use format::Format;
+use format::prometheus_text;
+use labels::{ExecutedLabel, OpLabel, OutcomeLabel, ResultLabel};
+pub use labels::{Outcome, Reconciled, StoreOp};
 
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-
-/// How a request ended, one label value of `idemgate_requests_total{outcome=...}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// Claimed, forwarded and recorded.
-    Forwarded,
-    /// Answered from a stored record.
-    Replayed,
-    InFlight,
-    KeyReused,
-    MissingKey,
-    InvalidKey,
-    TooLarge,
-    /// Not guarded: method, disabled route, or no key where none is required.
-    Passthrough,
-    StoreUnavailable,
-    /// The store was down and `on_unavailable: pass_through` forwarded it unguarded.
-    StoreBypassed,
-    OutcomeUnknown,
-    /// Forwarded, but the claim was lost before recording: the response was not stored.
-    LeaseLost,
-    NotReplayable,
-    /// Forwarded, and the claim released (`release_statuses`).
-    Released,
-    UpstreamUnreachable,
-    BadRequest,
-    /// `max_buffered_bytes` would have been passed: refused before anything was claimed.
-    Overloaded,
-    /// Passed through (not guarded), and the upstream failed.
-    PassthroughError,
-    /// Keyed by its fingerprint alone, but carrying no scope value that tells its client
-    /// apart: forwarded unguarded rather than deduplicated with other clients' requests.
-    Unscoped,
-    /// A credential was sent and did not verify: refused before anything was claimed.
-    InvalidCredentials,
-    /// No credential where `require_principal` asks for one.
-    MissingCredentials,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 21] = [
-        Outcome::Forwarded,
-        Outcome::Replayed,
-        Outcome::InFlight,
-        Outcome::KeyReused,
-        Outcome::MissingKey,
-        Outcome::InvalidKey,
-        Outcome::TooLarge,
-        Outcome::Passthrough,
-        Outcome::StoreUnavailable,
-        Outcome::StoreBypassed,
-        Outcome::OutcomeUnknown,
-        Outcome::LeaseLost,
-        Outcome::NotReplayable,
-        Outcome::Released,
-        Outcome::UpstreamUnreachable,
-        Outcome::BadRequest,
-        Outcome::Overloaded,
-        Outcome::PassthroughError,
-        Outcome::Unscoped,
-        Outcome::InvalidCredentials,
-        Outcome::MissingCredentials,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Forwarded => "forwarded",
-            Outcome::Replayed => "replayed",
-            Outcome::InFlight => "in_flight",
-            Outcome::KeyReused => "key_reused",
-            Outcome::MissingKey => "missing_key",
-            Outcome::InvalidKey => "invalid_key",
-            Outcome::TooLarge => "too_large",
-            Outcome::Passthrough => "passthrough",
-            Outcome::StoreUnavailable => "store_unavailable",
-            Outcome::StoreBypassed => "store_bypassed",
-            Outcome::OutcomeUnknown => "outcome_unknown",
-            Outcome::LeaseLost => "lease_lost",
-            Outcome::NotReplayable => "not_replayable",
-            Outcome::Released => "released",
-            Outcome::UpstreamUnreachable => "upstream_unreachable",
-            Outcome::BadRequest => "bad_request",
-            Outcome::Overloaded => "overloaded",
-            Outcome::PassthroughError => "passthrough_error",
-            Outcome::Unscoped => "unscoped",
-            Outcome::InvalidCredentials => "invalid_credentials",
-            Outcome::MissingCredentials => "missing_credentials",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// A store operation, one label value of `idemgate_store_duration_seconds{op=...}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreOp {
-    Claim,
-    Complete,
-    Release,
-    Renew,
-    TakeOver,
-    Watch,
-    Ping,
-    Inspect,
-    Purge,
-    /// [`crate::store::Store::replace`], by which an unknown outcome is resolved.
-    Resolve,
-}
-
-impl StoreOp {
-    pub const ALL: [StoreOp; 10] = [
-        StoreOp::Claim,
-        StoreOp::Complete,
-        StoreOp::Release,
-        StoreOp::Renew,
-        StoreOp::TakeOver,
-        StoreOp::Watch,
-        StoreOp::Ping,
-        StoreOp::Inspect,
-        StoreOp::Purge,
-        StoreOp::Resolve,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreOp::Claim => "claim",
-            StoreOp::Complete => "complete",
-            StoreOp::Release => "release",
-            StoreOp::Renew => "renew",
-            StoreOp::TakeOver => "take_over",
-            StoreOp::Watch => "watch",
-            StoreOp::Ping => "ping",
-            StoreOp::Inspect => "inspect",
-            StoreOp::Purge => "purge",
-            StoreOp::Resolve => "resolve",
-        }
-    }
-}
-
-/// What a `reconcile` lookup said about a request whose outcome was unknown
-/// (docs/behaviour.md §18): the `result` of `idemgate_reconciliations_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reconciled {
-    /// `2xx`: it executed; the lookup's answer is its recorded outcome.
-    Executed,
-    /// `404`: it did not; the key was released.
-    NotExecuted,
-    /// Any other answer, or no answer: `outcome-unknown` was recorded.
-    Unknown,
-}
-
-impl Reconciled {
-    pub const ALL: [Reconciled; 3] = [
-        Reconciled::Executed,
-        Reconciled::NotExecuted,
-        Reconciled::Unknown,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reconciled::Executed => "executed",
-            Reconciled::NotExecuted => "not_executed",
-            Reconciled::Unknown => "unknown",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabel {
-    result: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ExecutedLabel {
-    executed: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabel {
-    op: &'static str,
-}
 
 fn store_histogram() -> Histogram {
     // 100 µs .. ~3 s: a local Redis answers in well under a millisecond.
@@ -589,65 +410,6 @@ impl Metrics {
     pub fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
-}
-
-/// The text formats `/metrics` speaks. Prometheus asks for OpenMetrics; curl, `promtool
-/// check metrics` and older agents read the Prometheus text format 0.0.4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `application/openmetrics-text; version=1.0.0`
-    OpenMetrics,
-    /// `text/plain; version=0.0.4`
-    PrometheusText,
-}
-
-impl Format {
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
-        }
-    }
-}
-
-/// The Prometheus text format 0.0.4 of an OpenMetrics exposition. The samples are the
-/// same; what differs is the family name of a counter, which OpenMetrics writes without
-/// its `_total` suffix in `# HELP` and `# TYPE` (0.0.4 readers then see samples with no
-/// help or type), and the `# UNIT` and `# EOF` lines, which 0.0.4 does not have.
-fn prometheus_text(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.strip_suffix(" counter"))
-        .collect();
-    let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        let family = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-            Some((prefix, name, tail))
-        });
-        match family {
-            Some((prefix, name, tail)) if counters.contains(name) => {
-                out.push_str(prefix);
-                out.push_str(name);
-                out.push_str("_total ");
-                out.push_str(tail);
-            }
-            // 0.0.4 calls OpenMetrics' `unknown` type `untyped`.
-            Some((prefix, name, "unknown")) if *prefix == "# TYPE " => {
-                out.push_str(prefix);
-                out.push_str(name);
-                out.push_str(" untyped");
-            }
-            _ => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
 }
 
 /// The store-latency histograms, one per operation, shared with [`Metrics`].
