@@ -27,6 +27,22 @@ pub(crate) struct Target {
     tokens: Option<principal::Tokens>,
 }
 
+impl Target {
+    /// A target on `addr` (its process `pid`) sending the usual credential, with no
+    /// redis-server or admin port of its own to read.
+    fn new(kind: TargetKind, addr: SocketAddr, pid: u32) -> Self {
+        Self {
+            kind,
+            addr,
+            pid,
+            redis: None,
+            admin: None,
+            authorization: load::AUTHORIZATION,
+            tokens: None,
+        }
+    }
+}
+
 /// The redis-server behind a target.
 #[derive(Debug, Clone, Copy)]
 struct Redis {
@@ -68,15 +84,7 @@ pub(crate) async fn start(
         Ok(cmd)
     })
     .await?;
-    targets.push(Target {
-        kind: TargetKind::Baseline,
-        addr,
-        pid: proc.pid(),
-        redis: None,
-        admin: None,
-        authorization: load::AUTHORIZATION,
-        tokens: None,
-    });
+    targets.push(Target::new(TargetKind::Baseline, addr, proc.pid()));
     procs.push(proc);
 
     let idemgate = procs::idemgate_bin()?;
@@ -147,13 +155,9 @@ pub(crate) async fn start(
         };
         let (proc, addr) = start_idemgate(kind, Store::Memory, tuning).await?;
         targets.push(Target {
-            kind,
-            addr,
-            pid: proc.pid(),
-            redis: None,
-            admin: None,
             authorization: tokens.map_or(load::AUTHORIZATION, |t| t.authorization),
             tokens: tokens.filter(|_| scoped),
+            ..Target::new(kind, addr, proc.pid())
         });
         procs.push(proc);
     }
@@ -193,13 +197,8 @@ pub(crate) async fn start(
                     let (proc, addr) =
                         start_idemgate(kind, Store::Redis(redis.port), tuning).await?;
                     targets.push(Target {
-                        kind,
-                        addr,
-                        pid: proc.pid(),
                         redis: Some(redis),
-                        admin: None,
-                        authorization: load::AUTHORIZATION,
-                        tokens: None,
+                        ..Target::new(kind, addr, proc.pid())
                     });
                     procs.push(proc);
                 }
@@ -257,13 +256,8 @@ pub(crate) async fn start(
                 )
                 .await?;
                 targets.push(Target {
-                    kind: TargetKind::RedisReplica,
-                    addr,
-                    pid: proc.pid(),
                     redis: Some(redis),
-                    admin: None,
-                    authorization: load::AUTHORIZATION,
-                    tokens: None,
+                    ..Target::new(TargetKind::RedisReplica, addr, proc.pid())
                 });
                 procs.push(proc);
             }
@@ -290,13 +284,8 @@ pub(crate) async fn start(
             };
             let (proc, addr) = start_idemgate(kind, store, tuning).await?;
             targets.push(Target {
-                kind,
-                addr,
-                pid: proc.pid(),
-                redis: None,
                 admin: Some(admin),
-                authorization: load::AUTHORIZATION,
-                tokens: None,
+                ..Target::new(kind, addr, proc.pid())
             });
             procs.push(proc);
         }
@@ -314,15 +303,7 @@ pub(crate) async fn start(
                     Ok(cmd)
                 })
                 .await?;
-                targets.push(Target {
-                    kind: TargetKind::Nginx,
-                    addr,
-                    pid: proc.pid(),
-                    redis: None,
-                    admin: None,
-                    authorization: load::AUTHORIZATION,
-                    tokens: None,
-                });
+                targets.push(Target::new(TargetKind::Nginx, addr, proc.pid()));
                 procs.push(proc);
             }
             None => notes.push("nginx skipped: not on PATH".to_owned()),

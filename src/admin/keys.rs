@@ -66,14 +66,17 @@ async fn serve<S: Store>(
         }
         let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
         let shown = format!("{prefix}{}", key.to_hex());
-        let limit = resolution_limit(live.config.largest_response_body());
-        let body = read_limited(req.into_body(), limit).await?;
-        return Ok(
-            match super::resolve::resolve(state, key, &shown, &body, caller.peer).await? {
-                Some(record) => json(&describe(&shown, &record)),
-                None => no_content(),
-            },
-        );
+        let max_body = live.config.largest_response_body();
+        let body = read_limited(req.into_body(), resolution_limit(max_body)).await?;
+        // A body that is not a resolution is refused before the store is asked.
+        let resolution = super::resolve::parse(&body, max_body)?;
+        let found = inspected(state, key).await?;
+        let settled =
+            super::resolve::resolve(state, (key, &shown), found, resolution, caller.peer).await?;
+        return Ok(match settled {
+            Some(record) => json(&describe(&shown, &record)),
+            None => no_content(),
+        });
     }
     let purge = match *req.method() {
         Method::GET | Method::HEAD => false,
@@ -83,13 +86,7 @@ async fn serve<S: Store>(
     let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
     let shown = format!("{prefix}{}", key.to_hex());
     if !purge {
-        let found = state
-            .store
-            .inspect(key)
-            .await
-            .map_err(AdminError::StoreUnavailable)?
-            .ok_or(AdminError::KeyNotFound)?;
-        return Ok(json(&describe(&shown, &found)));
+        return Ok(json(&describe(&shown, &inspected(state, key).await?)));
     }
     let force = wants_force(req.uri().query());
     match state
@@ -116,6 +113,19 @@ async fn serve<S: Store>(
         Purged::LiveLease => Err(AdminError::InFlight),
         Purged::Absent => Err(AdminError::KeyNotFound),
     }
+}
+
+/// What is stored under `key`; `404 key-not-found` when nothing is.
+async fn inspected<S: Store>(
+    state: &AppState<S>,
+    key: ScopedKey,
+) -> Result<Inspection, AdminError> {
+    state
+        .store
+        .inspect(key)
+        .await
+        .map_err(AdminError::StoreUnavailable)?
+        .ok_or(AdminError::KeyNotFound)
 }
 
 /// The most a resolution's JSON may take: its body in base64 (4/3 of it, escaped

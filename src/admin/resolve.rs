@@ -107,23 +107,15 @@ pub(super) fn parse(body: &[u8], max_body: u64) -> Result<Resolution, AdminError
     }))
 }
 
-/// Resolves the record under `key` (`shown` is its id as printed) for `caller`. Returns
-/// the record it became, or `None` when it was removed.
+/// Settles `found`, the record under `key` (`shown`: its id as printed), as `resolution`
+/// says, for `caller`. Returns the record it became, or `None` when it was removed.
 pub(super) async fn resolve<S: Store>(
     state: &AppState<S>,
-    key: ScopedKey,
-    shown: &str,
-    body: &[u8],
+    (key, shown): (ScopedKey, &str),
+    found: Inspection,
+    resolution: Resolution,
     caller: SocketAddr,
 ) -> Result<Option<Inspection>, AdminError> {
-    let max_body = state.live().config.largest_response_body();
-    let resolution = parse(body, max_body)?;
-    let found = state
-        .store
-        .inspect(key)
-        .await
-        .map_err(AdminError::StoreUnavailable)?
-        .ok_or(AdminError::KeyNotFound)?;
     let unknown = match &found.record {
         Record::Completed(record) if record.unknown => Arc::clone(record),
         Record::Completed(_) => return Err(AdminError::NotUnknown("a completed record")),

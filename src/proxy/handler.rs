@@ -304,11 +304,17 @@ fn guard(
         &policy.fingerprint_rules(),
         json,
     );
-    let addressed = key
-        .clone()
-        .unwrap_or_else(|| IdempotencyKey::from_digest(fingerprint.as_bytes()));
+    // A `fingerprint` source's key is the fingerprint itself. The client's key is kept
+    // for a `reconcile` lookup, without a copy.
+    let scoped = match &key {
+        Some(key) => policy.address(&parts.headers, principal, source, key),
+        None => {
+            let own = IdempotencyKey::from_digest(fingerprint.as_bytes());
+            policy.address(&parts.headers, principal, source, &own)
+        }
+    };
     Guarded {
-        scoped: policy.address(&parts.headers, principal, source, &addressed),
+        scoped,
         key,
         ttl: policy.record_ttl(source),
         fingerprint,
