@@ -5,6 +5,8 @@
 //!
 //! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
 //! - [`config`]: YAML file -> raw serde structs -> validated, typed [`config::Config`].
+//! - `alloc_stats` (private, feature `alloc-stats`): every allocation counted, for the
+//!   benchmark's account of a request.
 //! - `error` (private): the errors the proxy answers itself, their one status table and
 //!   their outcome labels.
 //! - `failpoint` (private): named crash points for the fault suite (feature `failpoints`).
@@ -25,6 +27,8 @@
 //! in numbered sections; comments cite them as `(docs/behaviour.md §4)`.
 
 pub mod admin;
+#[cfg(feature = "alloc-stats")]
+mod alloc_stats;
 pub mod cli;
 pub mod config;
 mod error;

@@ -195,6 +195,8 @@ impl Metrics {
             "Reads of a scope_principal JWKS (file or URL) that failed; the last good key set stays in use",
             jwks_refresh_failures.clone(),
         );
+        #[cfg(feature = "alloc-stats")]
+        registry.register_collector(Box::new(crate::alloc_stats::AllocCounters));
         Self {
             registry,
             resolutions,
