@@ -131,7 +131,7 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
-            return failed(state, live, lease, settle, failure).await;
+            return Box::pin(failed(state, live, lease, settle, failure)).await;
         }
     };
     // The replay marker is ours to set: an upstream's own must not make a first response
@@ -157,7 +157,7 @@ async fn exchange<S: Store>(
     state.metrics.observe_upstream(started.elapsed());
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
-        Err(failure) => return failed(state, live, lease, settle, failure).await,
+        Err(failure) => return Box::pin(failed(state, live, lease, settle, failure)).await,
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
     let record = Completed::clear(
@@ -198,6 +198,10 @@ struct Settle<'p> {
 
 /// The exchange failed: settle the key as its life says (docs/behaviour.md §4), asking
 /// the upstream first under `reconcile` (§18), and answer.
+///
+/// Its callers await it boxed: inline, its future (a reconcile lookup in it) would make
+/// every exchange's several KiB larger, all of it moved into the box that [`Detached`]
+/// keeps (BENCHMARKS.md, issue 29).
 async fn failed<S: Store>(
     state: &Arc<AppState<S>>,
     live: &Live,

@@ -93,6 +93,11 @@ enum Next {
 }
 
 /// Whether a request is guarded or passed through (docs/behaviour.md §2).
+///
+/// The paths no common request takes (a take-over, an unavailable store, a key source
+/// that read the body and found nothing, an unscoped fingerprint) are awaited boxed:
+/// inline, each would add its future's size to every request's, which hyper moves and
+/// keeps for the request's life (BENCHMARKS.md, issue 29).
 async fn route<S: Store, B: RequestBody>(
     state: &Arc<AppState<S>>,
     live: &Live,
@@ -137,7 +142,7 @@ async fn route<S: Store, B: RequestBody>(
         Found::Fingerprint(_) if !policy.identifies(&read.parts.headers, principal) => {
             drop(body);
             let (req, _held) = read.into_request();
-            let mut next = pass_through(state, live, req, peer).await?;
+            let mut next = Box::pin(pass_through(state, live, req, peer)).await?;
             if let Next::Answer(reply) = &mut next {
                 reply.outcome = Outcome::Unscoped;
             }
@@ -148,7 +153,7 @@ async fn route<S: Store, B: RequestBody>(
             drop(body);
             // The bytes stay counted in `max_buffered_bytes` until they are forwarded.
             let (req, _held) = read.into_request();
-            return keyless(state, live, policy, req, peer).await;
+            return Box::pin(keyless(state, live, policy, req, peer)).await;
         }
     };
     *scoped_key = Some(req.scoped);
@@ -162,14 +167,16 @@ async fn route<S: Store, B: RequestBody>(
         claim::claim(state, policy, (req.scoped, scope), req.fingerprint, req.ttl).await?;
     let next = match claimed {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
-        Claimed::Abandoned(lease) => {
-            Next::Answer(exchange::record_abandoned(state, live, policy, lease, &req).await)
-        }
+        Claimed::Abandoned(lease) => Next::Answer(
+            Box::pin(exchange::record_abandoned(state, live, policy, lease, &req)).await,
+        ),
         Claimed::Replay(completed) => Next::Answer(Reply::new(
             Outcome::Replayed,
             replay_response(completed.response(), policy),
         )),
-        Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, live, err, req).await?),
+        Claimed::Unavailable(err) => {
+            Next::Answer(Box::pin(store_unavailable(state, live, err, req)).await?)
+        }
     };
     Ok(next)
 }

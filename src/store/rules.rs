@@ -158,7 +158,6 @@ impl Index {
         scope: Option<ScopeId>,
         fx: &mut impl Effects,
     ) {
-        self.unload(&key, fx);
         self.insert(key, record, expires_ms, 0, scope, fx);
     }
 
@@ -483,9 +482,6 @@ impl Index {
     ) {
         let ticket = fx.put(&key, &record, expires_ms, scope.as_ref());
         fx.saw(ticket);
-        if let Some(old) = self.map.remove(&key) {
-            self.forget(&old, fx);
-        }
         self.insert(key, record, expires_ms, ticket, scope, fx);
     }
 
@@ -506,7 +502,6 @@ impl Index {
         let seq = completed.then(|| {
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.enqueue(seq, key);
             seq
         });
         if seq.is_none() {
@@ -514,17 +509,24 @@ impl Index {
         }
         self.expire_from = self.expire_from.min(expires_ms);
         self.bytes += size(&record);
-        self.map.insert(
-            key,
-            Slot {
-                record,
-                expires_ms,
-                seq,
-                ticket,
-                scope,
-                place,
-            },
-        );
+        let slot = Slot {
+            record,
+            expires_ms,
+            seq,
+            ticket,
+            scope,
+            place,
+        };
+        // One lookup: what the key held before is replaced in place (a marker by its
+        // record), not removed and inserted again (BENCHMARKS.md, issue 29).
+        if let Some(old) = self.map.insert(key, slot) {
+            self.forget(&old, fx);
+        }
+        // Queued once the map holds it: compacting the queue keeps only the entries
+        // whose key holds that very `seq`.
+        if let Some(seq) = seq {
+            self.enqueue(seq, key);
+        }
     }
 
     fn forget(&mut self, old: &Slot, fx: &mut impl Effects) {
