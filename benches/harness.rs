@@ -1,6 +1,8 @@
 //! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//! `cargo bench --bench harness -- --scenarios slow,miss [--duration SECS]`
+//! `cargo bench --features alloc-stats --bench harness -- --account [--targets memory,redis]`
 //! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
@@ -19,7 +21,26 @@
 //! against the same store without them). Unless `--concurrency` is given, a second pass
 //! then measures every (target, scenario) again at low load: one keep-alive connection,
 //! one request at a time, the baseline again right before each scenario's targets; its
-//! table gives p50 as microseconds above the baseline's, for the targets of issue 16.
+//! table gives p50 as microseconds above the baseline's, for the targets of issues 16 and
+//! 29, and
+//! for a Redis target also in Redis round trips, which the harness measures itself right
+//! before the scenario's Redis targets (a `PING` loop on one connection; issue 29).
+//! Every row records the target process's RSS at the end of its window.
+//!
+//! The `slow` scenario (opt-in, `--scenarios slow`; issue 29) is a `miss` whose upstream
+//! answers after 20 ms (the request header `x-bench-delay-ms`, which only the harness's
+//! upstream honours), at 256 connections whatever `--concurrency` says, in the main pass
+//! only; its table gives req/s, p50, p99 against the baseline's and the target's RSS. A
+//! smoke run includes it, at 8 connections and 2 ms.
+//!
+//! `--account` (issue 29) also counts, in each measured window, the target process's
+//! syscalls by kind (`perf stat` on the `syscalls:sys_enter_*` tracepoints, as root) and,
+//! in a build with the feature `alloc-stats`, its allocations and allocated bytes
+//! (idemgate's `/metrics`; the plain proxy answers `GET /-/alloc-stats` itself), per
+//! request, and prints them after each round with each idemgate row's difference from
+//! the plain proxy's. The counting inflates CPU and latency, so such a run judges no
+//! target.
+//!
 //! `--memory` measures instead the memory store's footprint at `max_entries` with 1 KiB
 //! responses, and whether idemgate's RSS stays flat once it is full. See BENCHMARKS.md.
 //!
@@ -28,17 +49,23 @@
 //! - [`args`]: the usage text and the arguments.
 //! - `harness.rs`: the run plan (start targets, measure each scenario in
 //!   each pass: the main one, then one connection).
-//! - [`servers`]: the upstream and the baseline plain proxy.
+//! - [`servers`]: the upstream (with the `slow` scenario's delay) and the baseline plain
+//!   proxy (with its allocation totals under `alloc-stats`).
 //! - [`targets`]: starting the targets; one measured (target, scenario).
+//! - [`account`]: `--account`: syscalls by kind (perf) and allocations per request, and
+//!   their tables.
 //! - [`principal`]: the JWT targets' key pairs, JWK sets and tokens (through `jwt`, the
 //!   integration tests' helpers).
-//! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
+//! - [`cpu`]: CPU time per request, the machine's other load and a process's RSS, from
+//!   `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
-//! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
+//! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters and
+//!   round trips, `/metrics`.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12, 16 and 27, PASS or FAIL (informational).
+//! - [`goals`]: the targets of issues 6, 12, 16, 27 and 29, PASS or FAIL (informational);
+//!   issue 16's context-switch targets are shown as withdrawn by issue 29.
 
 #![allow(
     clippy::print_stdout,
