@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
 use crate::report::{Row, base};
@@ -178,38 +178,47 @@ impl Allocs {
     }
 }
 
-/// Counts the syscalls of `pid` for `duration`, per request answered meanwhile. To be
-/// spawned as the measured window starts; perf runs `sh -c 'echo start; sleep D; echo
-/// end'` as its workload, and counts the target while it runs: the requests of that very
-/// window are `progress`'s count between the two lines (perf takes a few tens of ms to
-/// open its events, so its window starts a little after the load's).
+/// Counts the syscalls of `pid` until `end` fires (or is dropped), per request answered
+/// meanwhile. Spawned a little before the measured window (perf takes a few tens of ms
+/// to open its events, more on a busy machine), with `end` sent as the window closes:
+/// perf's workload, `sh -c 'echo start; read _; echo end'`, says when the counting
+/// starts (perf enables its events as it starts the workload) and waits for a line
+/// from the harness to end it, so the counting lies inside the load whatever perf's
+/// start-up took. The requests of that very window are `progress`'s count between the
+/// two lines.
 pub(crate) async fn syscalls(
     perf: PathBuf,
     pid: u32,
-    duration: Duration,
+    end: tokio::sync::oneshot::Receiver<()>,
     progress: Arc<load::Progress>,
 ) -> Result<BTreeMap<String, f64>, String> {
-    let script = format!("echo start; sleep {:.3}; echo end", duration.as_secs_f64());
     let mut child = Command::new(&perf)
         .args(["stat", "-x,", "-e", SYSCALL_EVENTS, "-p", &pid.to_string()])
-        .args(["--", "sh", "-c", &script])
-        .stdin(Stdio::null())
+        .args(["--", "sh", "-c", "echo start; read _; echo end"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|err| format!("cannot start perf: {err}"))?;
+    let mut stdin = child.stdin.take().ok_or("perf: no stdin")?;
     let stdout = child.stdout.take().ok_or("perf: no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let mut window = [0u64; 2];
-    for (i, want, timeout) in [
-        (0, "start", PERF_TIMEOUT),
-        (1, "end", PERF_TIMEOUT + duration),
-    ] {
-        match tokio::time::timeout(timeout, lines.next_line()).await {
+    let mut end = Some(end);
+    for (i, want) in [(0, "start"), (1, "end")] {
+        if i == 1
+            && let Some(end) = end.take()
+        {
+            // Sent, or the measure gave up: either way the window ends now.
+            let _ = end.await;
+            let _ = stdin.write_all(b"\n").await;
+        }
+        match tokio::time::timeout(PERF_TIMEOUT, lines.next_line()).await {
             Ok(Ok(Some(line))) if line == want => window[i] = progress.completed(),
             Ok(_) => {
                 // perf ended (or failed) before its workload said so: its stderr says why.
+                drop(stdin);
                 let out = tokio::time::timeout(PERF_TIMEOUT, child.wait_with_output())
                     .await
                     .map_err(|_| "perf did not exit".to_owned())?
@@ -224,6 +233,7 @@ pub(crate) async fn syscalls(
             Err(_) => return Err(format!("perf's workload did not say {want} in time")),
         }
     }
+    drop(stdin);
     let out = tokio::time::timeout(PERF_TIMEOUT, child.wait_with_output())
         .await
         .map_err(|_| format!("perf did not print its counts within {PERF_TIMEOUT:?}"))?
@@ -238,7 +248,10 @@ pub(crate) async fn syscalls(
     }
     let requests = window[1].saturating_sub(window[0]);
     if requests == 0 {
-        return Err("no request answered in perf's window".to_owned());
+        return Err(
+            "no request answered in perf's window (perf took longer to start than the measured window lasted)"
+                .to_owned(),
+        );
     }
     let counts = parse_perf_csv(&stderr);
     if counts.is_empty() {

@@ -7,13 +7,15 @@ use crate::{BoxError, Scenario, TargetKind, disk, memory};
 
 pub(crate) const USAGE: &str = "\
 usage: cargo bench --bench harness -- [OPTIONS]
-  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
+  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2,
+                      smoke with --account 0.5]
   --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
   --concurrency N     keep-alive connections, one request each  [32; smoke 4]
                       (given, the low-load pass is skipped)
   --low-load-duration SECS
                       the low-load pass after the main one (one connection,
-                      closed loop; issue 16): measured time     [5; smoke 0.05]
+                      closed loop; issue 16): measured time     [5; smoke 0.05,
+                      smoke with --account 0.3]
                       (there, a Redis target's row also gets a Redis round trip
                       that the harness measures right before it, a PING loop on
                       one connection for 1 s [smoke 0.05 s], and its p50 above
@@ -290,6 +292,11 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
     if args.duration.is_zero() {
         return Err("--duration must be more than 0".into());
     }
+    // A smoke run's account needs windows longer than perf takes to start (a few tenths
+    // of a second on a busy machine).
+    if smoke && args.account && !args.duration_set {
+        args.duration = Duration::from_secs_f64(0.5);
+    }
     if args.low_load_only && (no_low_load || concurrency_set) {
         return Err(
             "--low-load-only runs at one connection: not with --no-low-load or --concurrency"
@@ -306,7 +313,11 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 .unwrap_or(Duration::from_secs_f64(if smoke { 0.02 } else { 1.0 })),
             duration: low_duration
                 .or(only(args.duration_set, args.duration))
-                .unwrap_or(Duration::from_secs_f64(if smoke { 0.05 } else { 5.0 })),
+                .unwrap_or(Duration::from_secs_f64(match (smoke, args.account) {
+                    (true, false) => 0.05,
+                    (true, true) => 0.3,
+                    (false, _) => 5.0,
+                })),
             slow: None,
             redis_rtt: Some(Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 })),
         };

@@ -15,7 +15,8 @@ use crate::report::{self, Row};
 use crate::{BoxError, Scenario, TargetKind, cpu, load, principal, servers};
 
 /// How long before the measured window a window's perf is started: it takes a few tens
-/// of ms to open its events (its count is per request of its own window anyway).
+/// of ms to open its events (its count is per request of its own window, which the
+/// harness ends with the measured one, so a slower start only shortens it).
 const PERF_LEAD: Duration = Duration::from_millis(100);
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
@@ -429,6 +430,8 @@ impl Target {
             Duration::ZERO
         };
         tokio::time::sleep(pass.warmup - lead).await;
+        // Sent (or dropped) as the window ends: perf's window ends then too.
+        let (end_perf, perf_ends) = tokio::sync::oneshot::channel();
         let syscalls = match (counting, progress) {
             (Some(counting), Some(progress)) => Some(match counting.perf() {
                 // nginx works in its worker processes, which `-p` of the master misses.
@@ -438,7 +441,7 @@ impl Target {
                 Some(perf) => Ok(tokio::spawn(account::syscalls(
                     perf.to_owned(),
                     self.pid,
-                    pass.duration,
+                    perf_ends,
                     progress,
                 ))),
                 None => Err("perf is unavailable (see the notes at the start)".to_owned()),
@@ -455,6 +458,7 @@ impl Target {
         };
         tokio::time::sleep_until(window + pass.duration).await;
         let cpu_to = cpu::snapshot(watched);
+        let _ = end_perf.send(());
         let rss = cpu::Rss::of(self.pid);
         let allocs_to = match alloc {
             Some(source) => Some(account::alloc_totals(source).await),
