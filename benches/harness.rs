@@ -1,6 +1,8 @@
 //! The benchmark harness of issue 6: idemgate next to a plain reverse proxy.
 //!
 //! `cargo bench --bench harness -- [--duration SECS] [--concurrency N] [--smoke]`
+//! `cargo bench --bench harness -- --scenarios slow,miss [--duration SECS]`
+//! `cargo bench --features alloc-stats --bench harness -- --account [--targets memory,redis]`
 //! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
@@ -19,7 +21,26 @@
 //! against the same store without them). Unless `--concurrency` is given, a second pass
 //! then measures every (target, scenario) again at low load: one keep-alive connection,
 //! one request at a time, the baseline again right before each scenario's targets; its
-//! table gives p50 as microseconds above the baseline's, for the targets of issue 16.
+//! table gives p50 as microseconds above the baseline's, for the targets of issues 16 and
+//! 29, and
+//! for a Redis target also in Redis round trips, which the harness measures itself right
+//! before the scenario's Redis targets (a `PING` loop on one connection; issue 29).
+//! Every row records the target process's RSS at the end of its window.
+//!
+//! The `slow` scenario (opt-in, `--scenarios slow`; issue 29) is a `miss` whose upstream
+//! answers after 20 ms (the request header `x-bench-delay-ms`, which only the harness's
+//! upstream honours), at 256 connections whatever `--concurrency` says, in the main pass
+//! only; its table gives req/s, p50, p99 against the baseline's and the target's RSS. A
+//! smoke run includes it, at 8 connections and 2 ms.
+//!
+//! `--account` (issue 29) also counts, in each measured window, the target process's
+//! syscalls by kind (`perf stat` on the `syscalls:sys_enter_*` tracepoints, as root) and,
+//! in a build with the feature `alloc-stats`, its allocations and allocated bytes
+//! (idemgate's `/metrics`; the plain proxy answers `GET /-/alloc-stats` itself), per
+//! request, and prints them after each round with each idemgate row's difference from
+//! the plain proxy's. The counting inflates CPU and latency, so such a run judges no
+//! target.
+//!
 //! `--memory` measures instead the memory store's footprint at `max_entries` with 1 KiB
 //! responses, and whether idemgate's RSS stays flat once it is full. See BENCHMARKS.md.
 //!
@@ -28,17 +49,23 @@
 //! - [`args`]: the usage text and the arguments.
 //! - `harness.rs`: the run plan (start targets, measure each scenario in
 //!   each pass: the main one, then one connection).
-//! - [`servers`]: the upstream and the baseline plain proxy.
+//! - [`servers`]: the upstream (with the `slow` scenario's delay) and the baseline plain
+//!   proxy (with its allocation totals under `alloc-stats`).
 //! - [`targets`]: starting the targets; one measured (target, scenario).
+//! - [`account`]: `--account`: syscalls by kind (perf) and allocations per request, and
+//!   their tables.
 //! - [`principal`]: the JWT targets' key pairs, JWK sets and tokens (through `jwt`, the
 //!   integration tests' helpers).
-//! - [`cpu`]: CPU time per request and the machine's other load, from `/proc`.
+//! - [`cpu`]: CPU time per request, the machine's other load and a process's RSS, from
+//!   `/proc`.
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
-//! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters.
+//! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters and
+//!   round trips, `/metrics`.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12, 16 and 27, PASS or FAIL (informational).
+//! - [`goals`]: the targets of issues 6, 12, 16, 27 and 29, PASS or FAIL (informational);
+//!   issue 16's context-switch targets are shown as withdrawn by issue 29.
 
 #![allow(
     clippy::print_stdout,
@@ -47,6 +74,8 @@
 )]
 
 // A crate root finds its modules next to itself; these live in `benches/harness/`.
+#[path = "harness/account.rs"]
+mod account;
 #[path = "harness/args.rs"]
 mod args;
 #[path = "harness/cpu.rs"]
@@ -138,7 +167,18 @@ impl TargetKind {
         }
     }
 
-    fn is_idemgate(self) -> bool {
+    /// A file-store target, whose admin port serves the flush counters.
+    fn is_file(self) -> bool {
+        matches!(
+            self,
+            TargetKind::File
+                | TargetKind::FileNoSync
+                | TargetKind::OtherFile
+                | TargetKind::OtherFileNoSync
+        )
+    }
+
+    pub(crate) fn is_idemgate(self) -> bool {
         matches!(
             self,
             TargetKind::Memory
@@ -170,14 +210,30 @@ pub(crate) enum Scenario {
     /// /metadata/order_id}]`, `fingerprint_body: json`): a `miss` whose key and
     /// fingerprint come from the parsed body (docs/behaviour.md §9, §10).
     JsonKey,
+    /// `POST /charges` with a fresh key per request, as `miss`, to an upstream that
+    /// answers after 20 ms (`x-bench-delay-ms`), at 256 connections: a legacy API behind
+    /// a sidecar (issue 29). Main pass only.
+    Slow,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    /// The scenarios a run measures unless `--scenarios` says otherwise (a smoke run:
+    /// [`Scenario::ALL`]). `slow` is not among them: at 256 connections it adds about a
+    /// minute to the default run.
+    const DEFAULT: [Scenario; 4] = [
         Scenario::Unguarded,
         Scenario::Miss,
         Scenario::Hit,
         Scenario::JsonKey,
+    ];
+
+    /// Every scenario, in the order a run measures them.
+    const ALL: [Scenario; 5] = [
+        Scenario::Unguarded,
+        Scenario::Miss,
+        Scenario::Hit,
+        Scenario::JsonKey,
+        Scenario::Slow,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -186,13 +242,14 @@ impl Scenario {
             Scenario::Miss => "miss",
             Scenario::Hit => "hit",
             Scenario::JsonKey => "json-key",
+            Scenario::Slow => "slow",
         }
     }
 
     fn path(self) -> &'static str {
         match self {
             Scenario::Unguarded => "/unguarded",
-            Scenario::Miss | Scenario::Hit => "/charges",
+            Scenario::Miss | Scenario::Hit | Scenario::Slow => "/charges",
             Scenario::JsonKey => "/orders",
         }
     }
@@ -202,7 +259,7 @@ impl Scenario {
     pub(crate) fn redis_commands(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,
-            Scenario::Miss | Scenario::JsonKey => 2,
+            Scenario::Miss | Scenario::JsonKey | Scenario::Slow => 2,
             Scenario::Hit => 1,
         }
     }
@@ -287,6 +344,7 @@ async fn interrupted() -> &'static str {
 async fn bench(args: &Args) -> Result<bool, BoxError> {
     if args.smoke {
         load::self_check()?;
+        account::self_check()?;
     }
     if args.memory {
         return memory::run(&args::memory_plan(args)).await;
@@ -310,7 +368,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     let Started {
         mut procs,
         targets,
-        notes,
+        mut notes,
         idemgate,
         redis_server,
         nginx,
@@ -320,8 +378,20 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         &args.targets,
         &args.log_level,
         args.scenarios.contains(&Scenario::JsonKey),
+        args.account,
     )
     .await?;
+    // --account: perf (and its holder), and whether every target's allocations can be read.
+    let counting = if args.account {
+        let counting = account::Counting::start(dir.path()).await;
+        notes.extend(counting.note());
+        for target in &targets {
+            notes.extend(account::probe(target.kind, target.alloc).await);
+        }
+        Some(counting)
+    } else {
+        None
+    };
 
     report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
     let passes: Vec<String> = [args.main_pass(), args.low_load]
@@ -353,6 +423,11 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     for note in &notes {
         println!("note: {note}");
     }
+    if args.account {
+        println!(
+            "account: syscalls (perf stat) and allocations of each target process, per request; the counting inflates CPU and latency, so this run's timings are not for the targets"
+        );
+    }
     println!();
 
     // Every run gets keys no other run used, even against a long-lived Redis.
@@ -373,6 +448,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     }))
     .collect();
     let rounds = args.rounds;
+    let judge = !args.smoke && !args.account;
     let heading = |round: usize| {
         if rounds > 1 {
             println!("round {} of {rounds}", round + 1);
@@ -389,15 +465,26 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
                 &round_nonce(&nonce, round),
                 &watched,
                 &mut procs,
+                counting.as_ref(),
             )
             .await?;
             println!();
             report::summary(&rows, &notes);
             println!();
+            if let Some(slow) = pass.slow
+                && rows.iter().any(|r| r.scenario() == Scenario::Slow)
+            {
+                report::slow(&rows, slow);
+                println!();
+            }
+            if counting.is_some() {
+                account::report(&rows);
+            }
             main.push(rows);
         }
-        // A smoke run judges correctness only: targets need real durations.
-        if !args.smoke {
+        // A smoke run judges correctness only: targets need real durations; an account
+        // run's timings are inflated by the counting.
+        if judge {
             goals::issues_6_and_12(&main);
             goals::issue_27(&main);
         }
@@ -422,16 +509,28 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
                 &nonce,
                 &watched,
                 &mut procs,
+                counting.as_ref(),
             )
             .await?;
             println!();
             report::low_load(&rows);
             println!();
+            if counting.is_some() {
+                account::report(&rows);
+            }
             low.push(rows);
         }
     }
-    if !args.smoke {
+    // Ends perf's holder: while it runs, every syscall on the machine takes the traced
+    // path (other tenants' too).
+    drop(counting);
+    if judge {
         goals::issue_16(&main, &low);
+        goals::issue_29(&main, &low);
+    } else if args.account && !args.smoke {
+        println!(
+            "\ntargets not judged: an --account run's CPU and latency are inflated by the counting"
+        );
     }
     let rows: Vec<Row> = main.into_iter().flatten().collect();
     let low: Vec<Row> = low.into_iter().flatten().collect();
@@ -459,6 +558,9 @@ fn round_nonce(nonce: &str, round: usize) -> String {
 
 /// Measures every (scenario, target) in sequence, printing a line after each run. The
 /// baseline comes first among the targets, so it runs right before each scenario's others.
+/// `slow` runs only in a pass that has its load (not at one connection). In a pass that
+/// measures Redis round trips (one connection), each redis-server's is measured right
+/// before the first of the scenario's targets on it, with no other load.
 async fn run_pass(
     pass: Pass,
     targets: &[Target],
@@ -466,11 +568,34 @@ async fn run_pass(
     nonce: &str,
     watched: &[cpu::Watched],
     procs: &mut [Proc],
+    counting: Option<&account::Counting>,
 ) -> Result<Vec<Row>, BoxError> {
     let mut rows = Vec::new();
-    for &scenario in scenarios {
+    for &scenario in scenarios.iter().filter(|s| pass.runs(**s)) {
+        // The round trip of each redis-server, this scenario: port -> µs (or why not).
+        let mut rtts: Vec<(u16, Option<f64>)> = Vec::new();
         for &target in targets {
-            let row = target.measure(scenario, pass, nonce, watched).await;
+            let rtt = match (pass.redis_rtt, target.redis_port()) {
+                (Some(duration), Some(port)) => match rtts.iter().find(|(p, _)| *p == port) {
+                    Some((_, rtt)) => *rtt,
+                    None => {
+                        let rtt = match procs::redis_rtt(port, duration).await {
+                            Ok(rtt) => Some(rtt),
+                            Err(err) => {
+                                println!("  redis round trip on port {port}: {err}");
+                                None
+                            }
+                        };
+                        rtts.push((port, rtt));
+                        rtt
+                    }
+                },
+                _ => None,
+            };
+            let mut row = target
+                .measure(scenario, pass, nonce, watched, counting)
+                .await;
+            row.redis_rtt_us = rtt;
             alive(procs)?;
             report::progress(&row);
             rows.push(row);

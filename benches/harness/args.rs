@@ -7,13 +7,19 @@ use crate::{BoxError, Scenario, TargetKind, disk, memory};
 
 pub(crate) const USAGE: &str = "\
 usage: cargo bench --bench harness -- [OPTIONS]
-  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2]
+  --duration SECS     measured time per (target, scenario)      [10; smoke 0.2,
+                      smoke with --account 0.5]
   --warmup SECS       unmeasured warm-up before each measure    [1; smoke 0.05]
   --concurrency N     keep-alive connections, one request each  [32; smoke 4]
                       (given, the low-load pass is skipped)
   --low-load-duration SECS
                       the low-load pass after the main one (one connection,
-                      closed loop; issue 16): measured time     [5; smoke 0.05]
+                      closed loop; issue 16): measured time     [5; smoke 0.05,
+                      smoke with --account 0.3]
+                      (there, a Redis target's row also gets a Redis round trip
+                      that the harness measures right before it, a PING loop on
+                      one connection for 1 s [smoke 0.05 s], and its p50 above
+                      the base's in those round trips)
   --low-load-warmup SECS
                       its warm-up                               [1; smoke 0.02]
   --low-load-only     only the low-load pass (--duration and --warmup then set it)
@@ -22,7 +28,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       to its targets each time; the targets are judged on the
                       median of the N rounds' values, with their range   [1]
   --smoke             a ~3 s run of everything that exits non-zero on any failure
-                      (also what `cargo test --benches` runs: no arguments at all)
+                      (also what `cargo test --benches` runs: no arguments at all);
+                      its scenarios include slow
   --targets LIST      subset of memory,redis,file,file-nosync,nginx (the default;
                       the baseline always runs), and, not in the default run:
                       other-file,other-file-nosync: the file store of the binary
@@ -34,7 +41,20 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       jwks_file, every request a bearer JWT (RSA 2048 keys need the
                       openssl command); memory-jwt-raw: the same RS256 JWTs, scoped by
                       the raw header, the reference of the JWT goals
-  --scenarios LIST    subset of unguarded,miss,hit,json-key
+  --scenarios LIST    subset of unguarded,miss,hit,json-key (the default), and,
+                      not in the default run: slow: a miss whose upstream answers
+                      after 20 ms (header x-bench-delay-ms), at 256 connections in
+                      the main pass whatever --concurrency says (smoke: 8, 2 ms),
+                      skipped at one connection; its table adds the target's RSS
+  --account           also count, in each measured window, the target process's
+                      syscalls by kind (perf stat on its syscalls:sys_enter_*
+                      tracepoints; needs perf and root) and its allocations and
+                      allocated bytes (idemgate's /metrics and the plain proxy's
+                      GET /-/alloc-stats, both only in a build with the feature:
+                      cargo bench --features alloc-stats --bench harness -- --account),
+                      per request; prints the account and its difference from the
+                      plain proxy after each round. Counting inflates CPU and
+                      latency: the issues' targets are not judged in such a run
   --idemgate-log LVL  idemgate's log.level (its access line is at info) [warn]
   --memory            instead: the memory store's footprint at max_entries with 1 KiB
                       responses, and RSS over a long miss run; exits non-zero if RSS
@@ -57,6 +77,52 @@ pub(crate) struct Pass {
     pub(crate) concurrency: usize,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
+    /// How the `slow` scenario runs in this pass; `None`: it is skipped (one connection).
+    pub(crate) slow: Option<SlowLoad>,
+    /// The Redis round trip measured before each scenario's Redis targets (the PING
+    /// loop's length); `None`: not measured (the main pass).
+    pub(crate) redis_rtt: Option<Duration>,
+}
+
+/// The `slow` scenario's load: its own connection count, whatever the pass's, and the
+/// upstream's delay.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlowLoad {
+    pub(crate) concurrency: usize,
+    /// What the upstream waits before answering (`x-bench-delay-ms`).
+    pub(crate) delay_ms: u64,
+}
+
+impl SlowLoad {
+    /// 256 connections and 20 ms (issue 29); a smoke run: 8 and 2 ms.
+    fn new(smoke: bool) -> Self {
+        if smoke {
+            Self {
+                concurrency: 8,
+                delay_ms: 2,
+            }
+        } else {
+            Self {
+                concurrency: 256,
+                delay_ms: 20,
+            }
+        }
+    }
+}
+
+impl Pass {
+    /// The connections of `scenario` in this pass.
+    pub(crate) fn concurrency_of(&self, scenario: Scenario) -> usize {
+        match (scenario, self.slow) {
+            (Scenario::Slow, Some(slow)) => slow.concurrency,
+            _ => self.concurrency,
+        }
+    }
+
+    /// Whether `scenario` runs in this pass: `slow` only where it has its load.
+    pub(crate) fn runs(&self, scenario: Scenario) -> bool {
+        scenario != Scenario::Slow || self.slow.is_some()
+    }
 }
 
 #[derive(Debug)]
@@ -71,6 +137,8 @@ pub(crate) struct Args {
     /// `--rounds`: how many times each pass runs.
     pub(crate) rounds: usize,
     pub(crate) smoke: bool,
+    /// `--account`: syscalls and allocations per request, in every measured window.
+    pub(crate) account: bool,
     pub(crate) targets: Vec<TargetKind>,
     pub(crate) scenarios: Vec<Scenario>,
     /// idemgate's `log.level`.
@@ -103,6 +171,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         low_load_only: false,
         rounds: 1,
         smoke,
+        account: false,
         targets: vec![
             TargetKind::Memory,
             TargetKind::Redis,
@@ -110,7 +179,12 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             TargetKind::FileNoSync,
             TargetKind::Nginx,
         ],
-        scenarios: Scenario::ALL.to_vec(),
+        // A smoke run checks that `slow` works too, at its small size.
+        scenarios: if smoke {
+            Scenario::ALL.to_vec()
+        } else {
+            Scenario::DEFAULT.to_vec()
+        },
         log_level: "warn".to_owned(),
         memory: false,
         open: None,
@@ -143,6 +217,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 args.duration_set = true;
             }
             "--memory" => args.memory = true,
+            "--account" => args.account = true,
             "--disk" => args.disk = true,
             "--open" => args.open = Some(value()?.parse().map_err(|err| format!("--open: {err}"))?),
             "--nosync" => args.nosync = true,
@@ -217,6 +292,11 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
     if args.duration.is_zero() {
         return Err("--duration must be more than 0".into());
     }
+    // A smoke run's account needs windows longer than perf takes to start (a few tenths
+    // of a second on a busy machine).
+    if smoke && args.account && !args.duration_set {
+        args.duration = Duration::from_secs_f64(0.5);
+    }
     if args.low_load_only && (no_low_load || concurrency_set) {
         return Err(
             "--low-load-only runs at one connection: not with --no-low-load or --concurrency"
@@ -233,7 +313,13 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                 .unwrap_or(Duration::from_secs_f64(if smoke { 0.02 } else { 1.0 })),
             duration: low_duration
                 .or(only(args.duration_set, args.duration))
-                .unwrap_or(Duration::from_secs_f64(if smoke { 0.05 } else { 5.0 })),
+                .unwrap_or(Duration::from_secs_f64(match (smoke, args.account) {
+                    (true, false) => 0.05,
+                    (true, true) => 0.3,
+                    (false, _) => 5.0,
+                })),
+            slow: None,
+            redis_rtt: Some(Duration::from_secs_f64(if smoke { 0.05 } else { 1.0 })),
         };
         if pass.duration.is_zero() {
             return Err("--low-load-duration must be more than 0".into());
@@ -250,6 +336,8 @@ impl Args {
             concurrency: self.concurrency,
             warmup: self.warmup,
             duration: self.duration,
+            slow: Some(SlowLoad::new(self.smoke)),
+            redis_rtt: None,
         })
     }
 }

@@ -1,7 +1,7 @@
 //! CPU accounting from `/proc`: what the measured proxy spent per request (CPU time and
 //! context switches), and how much of the machine something outside the harness took
 //! meanwhile (a parallel build on a 2-core box moves requests/s by tens of percent; the
-//! "other load" column makes that visible).
+//! "other load" column makes that visible); and its resident memory (`VmRSS`, `VmHWM`).
 
 use std::time::Instant;
 
@@ -174,4 +174,34 @@ fn every_process() -> Vec<(u32, u32)> {
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| Some((stat(pid)?.0, pid)))
         .collect()
+}
+
+/// A process's resident memory, from `/proc/<pid>/status`, in KiB.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rss {
+    /// `VmRSS`: resident now.
+    pub(crate) now_kib: u64,
+    /// `VmHWM`: the most it has been resident since it started.
+    pub(crate) peak_kib: u64,
+}
+
+impl Rss {
+    /// The memory of `pid` (its main process only: not nginx's workers); `None` when it is
+    /// gone or `/proc` is unreadable.
+    pub(crate) fn of(pid: u32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        };
+        Some(Self {
+            now_kib: field("VmRSS:")?,
+            peak_kib: field("VmHWM:")?,
+        })
+    }
 }

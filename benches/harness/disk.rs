@@ -113,6 +113,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         keys: load::Keys::Fresh(format!("disk-{nonce}")),
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
+        delay_ms: None,
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.duration,

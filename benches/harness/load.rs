@@ -26,6 +26,10 @@ pub(crate) const REQUEST_BODY: &str = concat!(
 /// ([`Plan::authorization`]).
 pub(crate) const AUTHORIZATION: &str = "Bearer sk_test_4eC39HqLyjWDarjtT1zdp7dc";
 
+/// The request header that makes the harness's upstream wait before it answers, in ms
+/// (servers::upstream).
+pub(crate) const DELAY_HEADER: &str = "x-bench-delay-ms";
+
 /// A request that takes longer than this counts as an error; keeps a run bounded.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,6 +55,9 @@ pub(crate) struct Plan {
     pub(crate) authorization: &'static str,
     /// Must every response carry `Idempotent-Replayed: true` (or must none)?
     pub(crate) expect_replayed: bool,
+    /// Sent as [`DELAY_HEADER`]: the upstream waits this long before answering (the
+    /// `slow` scenario).
+    pub(crate) delay_ms: Option<u64>,
     pub(crate) concurrency: usize,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
@@ -165,7 +172,7 @@ pub(crate) async fn one_request(
 ) -> Result<(StatusCode, bool), String> {
     let host = host_value(addr);
     let mut sender = connect(addr).await?;
-    let req = request(&host, path, key, authorization)?;
+    let req = request(&host, path, key, authorization, None)?;
     tokio::time::timeout(REQUEST_TIMEOUT, exchange(&mut sender, req))
         .await
         .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
@@ -204,7 +211,7 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
             (Keys::FreshInBody(_), Some(key)) => {
                 request_keyed_in_body(&host, plan.path, key, plan.authorization)
             }
-            _ => request(&host, plan.path, key, plan.authorization),
+            _ => request(&host, plan.path, key, plan.authorization, plan.delay_ms),
         };
         let req = match built {
             Ok(req) => req,
@@ -285,6 +292,7 @@ fn request(
     path: &str,
     key: Option<&str>,
     authorization: &str,
+    delay_ms: Option<u64>,
 ) -> Result<Request<Full<Bytes>>, String> {
     let mut builder = Request::post(path)
         .header(header::HOST, host)
@@ -292,6 +300,9 @@ fn request(
         .header(header::AUTHORIZATION, authorization);
     if let Some(key) = key {
         builder = builder.header("idempotency-key", key);
+    }
+    if let Some(ms) = delay_ms {
+        builder = builder.header(DELAY_HEADER, ms);
     }
     builder
         .body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes())))

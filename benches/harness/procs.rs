@@ -546,26 +546,65 @@ pub(crate) fn command_delta(
 
 /// idemgate's admin `/metrics` on 127.0.0.1:`admin_port`, as text.
 pub(crate) async fn scrape(admin_port: u16) -> Result<String, BoxError> {
+    get(admin_port, "/metrics").await
+}
+
+/// `GET path` on 127.0.0.1:`port`, on a connection of its own: the answer (head and
+/// body) as text, if it is a `200`.
+pub(crate) async fn get(port: u16, path: &str) -> Result<String, BoxError> {
     let fetch = async {
-        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", admin_port)).await?;
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            .await?;
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        conn.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
         let mut text = Vec::new();
         conn.read_to_end(&mut text).await?;
         Ok::<_, BoxError>(text)
     };
     let text = tokio::time::timeout(Duration::from_secs(2), fetch)
         .await
-        .map_err(|_| "GET /metrics: no answer within 2 s")??;
+        .map_err(|_| format!("GET {path}: no answer within 2 s"))??;
     let text = String::from_utf8_lossy(&text).into_owned();
     if !text.starts_with("HTTP/1.1 200") {
         return Err(format!(
-            "GET /metrics answered {}",
+            "GET {path} answered {}",
             text.lines().next().unwrap_or("nothing")
         )
         .into());
     }
     Ok(text)
+}
+
+/// The median Redis round trip, in µs, at one connection: `PING` then `+PONG` over and
+/// over on one raw connection to the redis-server on `port` for `duration` (issue 29:
+/// the unit a `miss`'s added latency is counted in). Nothing else runs meanwhile.
+pub(crate) async fn redis_rtt(port: u16, duration: Duration) -> Result<f64, BoxError> {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.set_nodelay(true)?;
+    let mut latencies = crate::load::Histogram::default();
+    let mut pong = [0u8; 7];
+    let end = Instant::now() + duration;
+    let mut pings = 0u64;
+    // At least a few, whatever the duration.
+    while Instant::now() < end || pings < 10 {
+        let sent = Instant::now();
+        let exchange = async {
+            conn.write_all(b"PING\r\n").await?;
+            conn.read_exact(&mut pong).await?;
+            Ok::<_, std::io::Error>(())
+        };
+        tokio::time::timeout(Duration::from_secs(2), exchange)
+            .await
+            .map_err(|_| "PING: no answer within 2 s")??;
+        latencies.record(sent.elapsed());
+        if &pong != b"+PONG\r\n" {
+            return Err(format!("PING answered {:?}", String::from_utf8_lossy(&pong)).into());
+        }
+        pings += 1;
+    }
+    Ok(latencies.quantile(0.50).as_secs_f64() * 1e6)
 }
 
 /// The value of one unlabelled metric in a `/metrics` text, as a whole number.

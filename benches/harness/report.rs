@@ -1,10 +1,13 @@
 //! What the harness prints: the machine, one line per run, the table with ratios to the
-//! baseline, the low-load table with p50 above the baseline's, the targets of issues 6,
-//! 12 and 16, and every failed check.
+//! baseline, the `slow` scenario's table with RSS, the low-load table with p50 above the
+//! baseline's (and in Redis round trips), and every failed check. The targets are in
+//! [`crate::goals`], the account of `--account` in [`crate::account`].
 
 use std::path::Path;
 
-use crate::cpu::{PerRequest, Usage};
+use crate::account::Account;
+use crate::args::SlowLoad;
+use crate::cpu::{PerRequest, Rss, Usage};
 use crate::load::Outcome;
 use crate::procs;
 use crate::{Scenario, TargetKind};
@@ -20,6 +23,13 @@ pub(crate) struct Row {
     cpu: Cpu,
     /// Failed correctness checks.
     problems: Vec<String>,
+    /// The target process's memory at the end of the measured window.
+    pub(crate) rss: Option<Rss>,
+    /// `--account`: its syscalls and allocations per request.
+    pub(crate) account: Option<Account>,
+    /// The low-load pass, a Redis target: the median Redis round trip the harness
+    /// measured at one connection right before its scenario's Redis targets, in µs.
+    pub(crate) redis_rtt_us: Option<f64>,
 }
 
 /// What the Redis target sent to Redis during a run (warm-up included).
@@ -101,6 +111,9 @@ impl Row {
             store,
             cpu,
             problems,
+            rss: None,
+            account: None,
+            redis_rtt_us: None,
         }
     }
 
@@ -121,9 +134,19 @@ impl Row {
         self.cpu.proxy.cpu_us
     }
 
-    /// The target process's context switches per measured request.
-    pub(crate) fn switches(&self) -> f64 {
-        self.cpu.proxy.switches
+    /// redis-server's CPU time per measured request, in µs; NaN without one.
+    pub(crate) fn redis_cpu_us(&self) -> f64 {
+        self.cpu.redis.map_or(f64::NAN, |r| r.cpu_us)
+    }
+
+    /// The target process's RSS at the end of the measured window, in MiB; NaN unknown.
+    pub(crate) fn rss_mib(&self) -> f64 {
+        self.rss.map_or(f64::NAN, |r| r.now_kib as f64 / 1024.0)
+    }
+
+    /// The Redis round trip measured before this row, in µs; NaN when none was.
+    pub(crate) fn redis_rtt_us(&self) -> f64 {
+        self.redis_rtt_us.unwrap_or(f64::NAN)
     }
 
     fn p50_ms(&self) -> f64 {
@@ -204,15 +227,16 @@ pub(crate) fn summary(rows: &[Row], notes: &[String]) {
 /// baseline's of the same scenario.
 pub(crate) fn low_load(rows: &[Row]) {
     println!(
-        "| target | scenario | req/s | p50 µs | p50 +µs vs base | p99 µs | proxy CPU µs/req | proxy ctx sw/req | redis CPU µs/req |"
+        "| target | scenario | req/s | p50 µs | p50 +µs vs base | p99 µs | proxy CPU µs/req | proxy ctx sw/req | redis CPU µs/req | redis RTT µs | p50 + in RTTs |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let Some(b) = base(rows, row.scenario) else {
             continue;
         };
+        let rtt = row.redis_rtt_us.filter(|rtt| *rtt > 0.0);
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:.1} | {:.3} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:+.0} | {:.0} | {:.1} | {:.3} | {} | {} | {} |",
             row.target.name(),
             row.scenario.name(),
             row.outcome.rps(),
@@ -224,10 +248,59 @@ pub(crate) fn low_load(rows: &[Row]) {
             row.cpu
                 .redis
                 .map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.cpu_us)),
+            rtt.map_or_else(|| "-".to_owned(), |rtt| format!("{rtt:.0}")),
+            rtt.map_or_else(
+                || "-".to_owned(),
+                |rtt| format!("{:+.2}", (row.p50_us() - b.p50_us()) / rtt)
+            ),
         );
     }
     println!();
+    if rows.iter().any(|r| r.redis_rtt_us.is_some()) {
+        println!(
+            "redis RTT: the median PING round trip at one connection, measured by the harness right before the scenario's Redis targets with nothing else running; p50 + in RTTs = (p50 - base p50) / RTT"
+        );
+    }
     load_notes(rows);
+}
+
+/// The `slow` scenario of one round (main pass): rates, latency against the plain
+/// proxy's, and each target's memory with 256 requests waiting on the upstream.
+pub(crate) fn slow(rows: &[Row], load: SlowLoad) {
+    let slow: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.scenario == Scenario::Slow)
+        .collect();
+    let Some(b) = base(rows, Scenario::Slow) else {
+        return;
+    };
+    println!(
+        "slow: a miss to an upstream that answers after {} ms, {} connections",
+        load.delay_ms, load.concurrency
+    );
+    println!(
+        "| target | req/s | × base | p50 ms | p99 ms | p99 - base p99 (ms) | RSS MiB | peak RSS MiB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for row in slow {
+        println!(
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:+.2} | {:.1} | {} |",
+            row.target.name(),
+            row.outcome.rps(),
+            ratio(row.outcome.rps(), b.outcome.rps()),
+            row.p50_ms(),
+            row.p99_ms(),
+            row.p99_ms() - b.p99_ms(),
+            row.rss_mib(),
+            row.rss.map_or_else(
+                || "-".to_owned(),
+                |r| format!("{:.1}", r.peak_kib as f64 / 1024.0)
+            ),
+        );
+    }
+    println!(
+        "RSS: VmRSS of the target process at the end of the measured window; peak: its VmHWM, the most since it started (earlier scenarios included)"
+    );
 }
 
 /// The baseline's row of `scenario` among `rows` (one pass).
@@ -242,16 +315,16 @@ pub(crate) fn ratio(value: f64, of: f64) -> f64 {
 
 fn table(rows: &[Row]) {
     println!(
-        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis round trips/req | redis CPU µs/req | other load (CPUs) |"
+        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis round trips/req | redis CPU µs/req | other load (CPUs) | RSS MiB |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let Some(b) = base(rows, row.scenario) else {
             continue;
         };
         let dash = || "-".to_owned();
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.2} | {:.3} | {} | {} | {:.2} |",
+            "| {} | {} | {:.0} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} | {:.1} | {:.2} | {:.3} | {} | {} | {:.2} | {:.1} |",
             row.target.name(),
             row.scenario.name(),
             row.outcome.rps(),
@@ -270,6 +343,7 @@ fn table(rows: &[Row]) {
                 .redis
                 .map_or_else(dash, |r| format!("{:.1}", r.cpu_us)),
             row.cpu.usage.other_cpus,
+            row.rss_mib(),
         );
     }
 }

@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use crate::BoxError;
+use crate::{BoxError, load};
 
 /// What the upstream answers to every request: a charge, about 200 bytes of JSON.
 pub(crate) const RESPONSE_BODY: &str = concat!(
@@ -45,9 +45,14 @@ pub(crate) fn padded_body(len: usize) -> Bytes {
     Bytes::from(body)
 }
 
+/// The longest wait [`upstream`] honours in [`load::DELAY_HEADER`].
+const MAX_DELAY: Duration = Duration::from_secs(10);
+
 /// Serves the upstream on `listener` until the task is dropped: reads the whole request
 /// body, answers `201` with `body` (the scenarios: [`RESPONSE_BODY`]; the memory mode:
-/// [`padded_body`]), keeps the connection alive.
+/// [`padded_body`]), keeps the connection alive. A request with the header
+/// [`load::DELAY_HEADER`] (the `slow` scenario) is answered that many milliseconds
+/// later, up to [`MAX_DELAY`]: a tokio sleep, which holds no thread.
 pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -59,8 +64,16 @@ pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
         let svc = service_fn(move |req: Request<Incoming>| {
             let body = body.clone();
             async move {
+                let delay = req
+                    .headers()
+                    .get(load::DELAY_HEADER)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    .map(|ms| Duration::from_millis(ms).min(MAX_DELAY));
                 // A real backend reads what it was sent; so does this one.
                 let _ = req.into_body().collect().await;
+                if let Some(delay) = delay {
+                    tokio::time::sleep(delay).await;
+                }
                 let mut response = Response::new(Full::new(body));
                 *response.status_mut() = StatusCode::CREATED;
                 response.headers_mut().insert(
@@ -168,6 +181,10 @@ async fn forward(
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Result<Response<PlainBody>, Infallible> {
+    #[cfg(feature = "alloc-stats")]
+    if req.method() == http::Method::GET && req.uri().path() == ALLOC_STATS_PATH {
+        return Ok(alloc_stats());
+    }
     let (mut parts, body) = req.into_parts();
     let mut uri = http::uri::Parts::default();
     uri.scheme = Some(http::uri::Scheme::HTTP);
@@ -202,5 +219,39 @@ async fn forward(
 fn status(code: StatusCode) -> Response<PlainBody> {
     let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
     *response.status_mut() = code;
+    response
+}
+
+/// The path at which the plain proxy answers its own allocation totals, in a build with
+/// the feature `alloc-stats` (the harness's `--account`); never forwarded then.
+pub(crate) const ALLOC_STATS_PATH: &str = "/-/alloc-stats";
+
+/// The plain proxy's allocation totals since it started, as idemgate's `/metrics` shows
+/// its own: `idemgate_alloc_calls_total N` and `idemgate_alloc_bytes_total N`, one a
+/// line. The counting allocator is idemgate's (the library this harness links declares
+/// it, src/alloc_stats.rs), so the two processes count the same way; its totals are
+/// read through the only door the library opens on them, a [`Metrics`] registry,
+/// made once.
+///
+/// [`Metrics`]: idemgate::metrics::Metrics
+#[cfg(feature = "alloc-stats")]
+fn alloc_stats() -> Response<PlainBody> {
+    static METRICS: std::sync::OnceLock<idemgate::metrics::Metrics> = std::sync::OnceLock::new();
+    let text = METRICS
+        .get_or_init(idemgate::metrics::Metrics::new)
+        .render();
+    let totals: String = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("idemgate_alloc_calls_total ")
+                || line.starts_with("idemgate_alloc_bytes_total ")
+        })
+        .flat_map(|line| [line, "\n"])
+        .collect();
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(totals))));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }

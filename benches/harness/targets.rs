@@ -1,15 +1,23 @@
 //! Starting the targets (the baseline, idemgate on each store, nginx) and measuring one
-//! (target, scenario): priming, load, CPU and Redis counters, checks.
+//! (target, scenario): priming, load, CPU, RSS and Redis counters, checks, and with
+//! `--account` the syscalls and allocations of the window.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::account::{self, Account, AllocSource, Allocs, Counting};
 use crate::args::Pass;
 use crate::procs::{self, Proc, Store, Tuning};
 use crate::report::{self, Row};
-use crate::{BoxError, Scenario, TargetKind, cpu, load, principal};
+use crate::{BoxError, Scenario, TargetKind, cpu, load, principal, servers};
+
+/// How long before the measured window a window's perf is started: it takes a few tens
+/// of ms to open its events (its count is per request of its own window, which the
+/// harness ends with the measured one, so a slower start only shortens it).
+const PERF_LEAD: Duration = Duration::from_millis(100);
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
 #[derive(Debug, Clone, Copy)]
@@ -18,8 +26,11 @@ pub(crate) struct Target {
     addr: SocketAddr,
     pid: u32,
     redis: Option<Redis>,
-    /// The admin port of a file-store target, whose flush counters are read.
+    /// The admin port of a file-store target, whose flush counters are read, and of every
+    /// idemgate target with `--account`.
     admin: Option<u16>,
+    /// With `--account`: where its allocation totals are read.
+    pub(crate) alloc: Option<AllocSource>,
     /// The `Authorization` value of its requests: [`load::AUTHORIZATION`], or a bearer
     /// JWT for the targets scoped by its principal.
     authorization: &'static str,
@@ -37,9 +48,17 @@ impl Target {
             pid,
             redis: None,
             admin: None,
+            alloc: None,
             authorization: load::AUTHORIZATION,
             tokens: None,
         }
+    }
+}
+
+impl Target {
+    /// The port of its redis-server, if it has one.
+    pub(crate) fn redis_port(&self) -> Option<u16> {
+        self.redis.map(|r| r.port)
     }
 }
 
@@ -64,13 +83,16 @@ pub(crate) struct Started {
 }
 
 /// Starts the baseline and the `wanted` targets in front of `upstream`, their configs
-/// and logs in `dir`. On an error, what was started so far is stopped.
+/// and logs in `dir`. On an error, what was started so far is stopped. With `account`,
+/// each target also gets where its allocation totals are read (every idemgate an admin
+/// port for it).
 pub(crate) async fn start(
     dir: &Path,
     upstream: SocketAddr,
     wanted: &[TargetKind],
     log_level: &str,
     json_key_route: bool,
+    account: bool,
 ) -> Result<Started, BoxError> {
     let mut procs: Vec<Proc> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -84,7 +106,13 @@ pub(crate) async fn start(
         Ok(cmd)
     })
     .await?;
-    targets.push(Target::new(TargetKind::Baseline, addr, proc.pid()));
+    targets.push(Target {
+        alloc: account.then_some(AllocSource {
+            port: addr.port(),
+            path: servers::ALLOC_STATS_PATH,
+        }),
+        ..Target::new(TargetKind::Baseline, addr, proc.pid())
+    });
     procs.push(proc);
 
     let idemgate = procs::idemgate_bin()?;
@@ -94,7 +122,8 @@ pub(crate) async fn start(
         .then(procs::other_bin)
         .transpose()?;
     // `tuning` says what differs from the plain config: the admin port, encryption, the
-    // key prefix, the JWK set.
+    // key prefix, the JWK set. The target it returns has its admin port (a file target's,
+    // for its flush counters; every one's with --account, for its allocation counters).
     let start_idemgate = |kind: TargetKind, store: Store, tuning: Tuning| {
         let dir = dir.to_owned();
         let bin = match (&store, &other) {
@@ -102,10 +131,14 @@ pub(crate) async fn start(
             _ => idemgate.clone(),
         };
         async move {
+            let admin = match tuning.admin_port {
+                None if account => Some(procs::free_port()?),
+                admin => admin,
+            };
             let config = dir.join(format!("{}.yaml", kind.name()));
-            procs::spawn_server(kind.name(), &dir, false, |port| {
+            let (proc, addr) = procs::spawn_server(kind.name(), &dir, false, |port| {
                 let tuning = Tuning {
-                    admin_port: tuning.admin_port.filter(|admin| *admin != port),
+                    admin_port: admin.filter(|admin| *admin != port),
                     json_key_route,
                     ..tuning
                 };
@@ -117,7 +150,16 @@ pub(crate) async fn start(
                 cmd.arg("--config").arg(&config);
                 Ok(cmd)
             })
-            .await
+            .await?;
+            let target = Target {
+                admin,
+                alloc: admin.filter(|_| account).map(|port| AllocSource {
+                    port,
+                    path: "/metrics",
+                }),
+                ..Target::new(kind, addr, proc.pid())
+            };
+            Ok::<_, BoxError>((proc, target))
         }
     };
     // The memory store plain, encrypted, and scoped by the principal of a JWT.
@@ -153,11 +195,11 @@ pub(crate) async fn start(
             jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
             ..Tuning::default()
         };
-        let (proc, addr) = start_idemgate(kind, Store::Memory, tuning).await?;
+        let (proc, target) = start_idemgate(kind, Store::Memory, tuning).await?;
         targets.push(Target {
             authorization: tokens.map_or(load::AUTHORIZATION, |t| t.authorization),
             tokens: tokens.filter(|_| scoped),
-            ..Target::new(kind, addr, proc.pid())
+            ..target
         });
         procs.push(proc);
     }
@@ -194,11 +236,11 @@ pub(crate) async fn start(
                         key_prefix,
                         ..Tuning::default()
                     };
-                    let (proc, addr) =
+                    let (proc, target) =
                         start_idemgate(kind, Store::Redis(redis.port), tuning).await?;
                     targets.push(Target {
                         redis: Some(redis),
-                        ..Target::new(kind, addr, proc.pid())
+                        ..target
                     });
                     procs.push(proc);
                 }
@@ -249,7 +291,7 @@ pub(crate) async fn start(
                 let (replica, _) = redis_server("redis-replica", Some(redis.port)).await?;
                 procs.push(replica);
                 procs::wait_replica(redis.port).await?;
-                let (proc, addr) = start_idemgate(
+                let (proc, target) = start_idemgate(
                     TargetKind::RedisReplica,
                     Store::RedisReplicated(redis.port),
                     Tuning::default(),
@@ -257,7 +299,7 @@ pub(crate) async fn start(
                 .await?;
                 targets.push(Target {
                     redis: Some(redis),
-                    ..Target::new(TargetKind::RedisReplica, addr, proc.pid())
+                    ..target
                 });
                 procs.push(proc);
             }
@@ -282,11 +324,8 @@ pub(crate) async fn start(
                 admin_port: Some(admin),
                 ..Tuning::default()
             };
-            let (proc, addr) = start_idemgate(kind, store, tuning).await?;
-            targets.push(Target {
-                admin: Some(admin),
-                ..Target::new(kind, addr, proc.pid())
-            });
+            let (proc, target) = start_idemgate(kind, store, tuning).await?;
+            targets.push(target);
             procs.push(proc);
         }
     }
@@ -321,18 +360,21 @@ pub(crate) async fn start(
 }
 
 impl Target {
-    /// One (target, scenario) run, with its correctness checks.
+    /// One (target, scenario) run, with its correctness checks; with `counting`
+    /// (`--account`), its syscalls and allocations too.
     pub(crate) async fn measure(
         self,
         scenario: Scenario,
         pass: Pass,
         nonce: &str,
         watched: &[cpu::Watched],
+        counting: Option<&Counting>,
     ) -> Row {
         let mut problems = Vec::new();
         let keys = match scenario {
             Scenario::Unguarded => load::Keys::None,
             Scenario::Miss => load::Keys::Fresh(format!("miss-{nonce}-{}", self.kind.name())),
+            Scenario::Slow => load::Keys::Fresh(format!("slow-{nonce}-{}", self.kind.name())),
             Scenario::Hit => load::Keys::Fixed(format!("hit-{nonce}-{}", self.kind.name())),
             Scenario::JsonKey => {
                 load::Keys::FreshInBody(format!("json-{nonce}-{}", self.kind.name()))
@@ -358,31 +400,93 @@ impl Target {
             Some(redis) => procs::command_stats(redis.port).await.map(Some),
             None => Ok(None),
         };
-        let flushes_before = match self.admin {
+        let file_admin = self.admin.filter(|_| self.kind.is_file());
+        let flushes_before = match file_admin {
             Some(port) => flush_counters(port).await.map(Some),
             None => Ok(None),
         };
+        // With --account, the answers are counted as they come, for perf's own window.
+        let progress = counting.map(|_| Arc::new(load::Progress::with_limit(0)));
         let plan = Arc::new(load::Plan {
             addr: self.addr,
             path: scenario.path(),
             keys,
             authorization: self.authorization,
             expect_replayed: self.kind.is_idemgate() && scenario == Scenario::Hit,
-            concurrency: pass.concurrency,
+            delay_ms: pass
+                .slow
+                .filter(|_| scenario == Scenario::Slow)
+                .map(|slow| slow.delay_ms),
+            concurrency: pass.concurrency_of(scenario),
             warmup: pass.warmup,
             duration: pass.duration,
-            progress: None,
+            progress: progress.clone(),
         });
         // CPU is sampled over the measured window only, next to the load run.
         let run = tokio::spawn(load::run(plan));
-        tokio::time::sleep(pass.warmup).await;
+        let lead = if counting.is_some() {
+            PERF_LEAD.min(pass.warmup)
+        } else {
+            Duration::ZERO
+        };
+        tokio::time::sleep(pass.warmup - lead).await;
+        // Sent (or dropped) as the window ends: perf's window ends then too.
+        let (end_perf, perf_ends) = tokio::sync::oneshot::channel();
+        let syscalls = match (counting, progress) {
+            (Some(counting), Some(progress)) => Some(match counting.perf() {
+                // nginx works in its worker processes, which `-p` of the master misses.
+                Some(_) if self.kind == TargetKind::Nginx => {
+                    Err("nginx's workers are not counted".to_owned())
+                }
+                Some(perf) => Ok(tokio::spawn(account::syscalls(
+                    perf.to_owned(),
+                    self.pid,
+                    perf_ends,
+                    progress,
+                ))),
+                None => Err("perf is unavailable (see the notes at the start)".to_owned()),
+            }),
+            _ => None,
+        };
+        tokio::time::sleep(lead).await;
+        let window = tokio::time::Instant::now();
         let cpu_from = cpu::snapshot(watched);
-        tokio::time::sleep(pass.duration).await;
+        let alloc = counting.and(self.alloc);
+        let allocs_from = match alloc {
+            Some(source) => Some(account::alloc_totals(source).await),
+            None => None,
+        };
+        tokio::time::sleep_until(window + pass.duration).await;
         let cpu_to = cpu::snapshot(watched);
+        let _ = end_perf.send(());
+        let rss = cpu::Rss::of(self.pid);
+        let allocs_to = match alloc {
+            Some(source) => Some(account::alloc_totals(source).await),
+            None => None,
+        };
         let outcome = run.await.unwrap_or_else(|err| {
             problems.push(format!("the load run failed: {err}"));
             load::Outcome::default()
         });
+        let account = match syscalls {
+            Some(syscalls) => {
+                let syscalls = match syscalls {
+                    Ok(task) => task
+                        .await
+                        .unwrap_or_else(|err| Err(format!("the perf task failed: {err}"))),
+                    Err(why) => Err(why),
+                };
+                let allocs = match (allocs_from, allocs_to) {
+                    (Some(Ok(from)), Some(Ok(to))) => {
+                        Ok(Allocs::between(from, to, outcome.measured))
+                    }
+                    (Some(Err(err)), _) | (_, Some(Err(err))) => Err(err),
+                    _ => Err("no allocation counters for this target".to_owned()),
+                };
+                Some(Account { syscalls, allocs })
+            }
+            None => None,
+        };
         let per_request = |pid: u32| {
             let index = watched.iter().position(|w| w.pid == pid)?;
             Some(cpu::per_request(
@@ -423,7 +527,7 @@ impl Target {
             }
         }
         let mut store = None;
-        if let Some(port) = self.admin {
+        if let Some(port) = file_admin {
             match (flushes_before, flush_counters(port).await) {
                 (Ok(Some(before)), Ok(after)) => {
                     let per = |n: u64| n as f64 / outcome.completed.max(1) as f64;
@@ -438,7 +542,10 @@ impl Target {
                 (Ok(None), _) => {}
             }
         }
-        Row::new(self.kind, scenario, outcome, redis, store, cpu, problems)
+        let mut row = Row::new(self.kind, scenario, outcome, redis, store, cpu, problems);
+        row.rss = rss;
+        row.account = account;
+        row
     }
 }
 
