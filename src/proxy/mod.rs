@@ -19,7 +19,8 @@
 //!    policy ids;
 //! 9. `upstream.rs`: the pooled client, `send`, header rewriting (`connector.rs`: TLS);
 //!    `jwks.rs` reads a `jwks_url` with the same TLS;
-//! 10. `body.rs`: body types; `budget.rs`: `max_buffered_bytes`.
+//! 10. `body.rs`: body types; `upload.rs`: a streamed request body, hashed as it goes;
+//!     `budget.rs`: `max_buffered_bytes`.
 
 mod body;
 mod budget;
@@ -36,6 +37,7 @@ pub mod reload;
 mod reply;
 mod state;
 mod upgrade;
+mod upload;
 mod upstream;
 mod view;
 mod workers;

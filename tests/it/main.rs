@@ -54,5 +54,6 @@ mod sentinel;
 mod store_contract;
 mod support;
 mod upgrade;
+mod uploads;
 mod upstream_outcomes;
 mod workers;
