@@ -170,6 +170,10 @@ pub(crate) enum Scenario {
     /// /metadata/order_id}]`, `fingerprint_body: json`): a `miss` whose key and
     /// fingerprint come from the parsed body (docs/behaviour.md §9, §10).
     JsonKey,
+    /// `POST /documents` with a fresh key and an 8 MiB body over 8 connections: a `miss`
+    /// whose body is streamed while hashed, under `stream_request_body`
+    /// (docs/behaviour.md §19). Not in the default run: `--scenarios upload` asks for it.
+    Upload,
 }
 
 impl Scenario {
@@ -180,12 +184,22 @@ impl Scenario {
         Scenario::JsonKey,
     ];
 
+    /// Every scenario `--scenarios` knows.
+    const KNOWN: [Scenario; 5] = [
+        Scenario::Unguarded,
+        Scenario::Miss,
+        Scenario::Hit,
+        Scenario::JsonKey,
+        Scenario::Upload,
+    ];
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Scenario::Unguarded => "unguarded",
             Scenario::Miss => "miss",
             Scenario::Hit => "hit",
             Scenario::JsonKey => "json-key",
+            Scenario::Upload => "upload",
         }
     }
 
@@ -194,6 +208,25 @@ impl Scenario {
             Scenario::Unguarded => "/unguarded",
             Scenario::Miss | Scenario::Hit => "/charges",
             Scenario::JsonKey => "/orders",
+            Scenario::Upload => "/documents",
+        }
+    }
+
+    /// The request body: the small JSON of every scenario, or the upload's 8 MiB.
+    fn body(self) -> bytes::Bytes {
+        match self {
+            Scenario::Upload => load::upload_body(),
+            Scenario::Unguarded | Scenario::Miss | Scenario::Hit | Scenario::JsonKey => {
+                bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes())
+            }
+        }
+    }
+
+    /// The connections a scenario runs on whatever `--concurrency` says.
+    fn concurrency(self) -> Option<usize> {
+        match self {
+            Scenario::Upload => Some(8),
+            _ => None,
         }
     }
 
@@ -202,7 +235,7 @@ impl Scenario {
     pub(crate) fn redis_commands(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,
-            Scenario::Miss | Scenario::JsonKey => 2,
+            Scenario::Miss | Scenario::JsonKey | Scenario::Upload => 2,
             Scenario::Hit => 1,
         }
     }
@@ -319,7 +352,10 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         upstream,
         &args.targets,
         &args.log_level,
-        args.scenarios.contains(&Scenario::JsonKey),
+        (
+            args.scenarios.contains(&Scenario::JsonKey),
+            args.scenarios.contains(&Scenario::Upload),
+        ),
     )
     .await?;
 
@@ -400,6 +436,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         if !args.smoke {
             goals::issues_6_and_12(&main);
             goals::issue_27(&main);
+            if args.scenarios.contains(&Scenario::Upload) {
+                goals::issue_30(&main);
+            }
         }
     }
     // Issue 16: the same runs at one connection, where latency is a request's own cost

@@ -113,6 +113,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         keys: load::Keys::Fresh(format!("disk-{nonce}")),
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.duration,

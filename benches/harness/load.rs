@@ -21,6 +21,15 @@ pub(crate) const REQUEST_BODY: &str = concat!(
     r#""metadata":{"order_id":"6735","channel":"web","note":"benchmark body"}}"#,
 );
 
+/// The upload scenario's body: 8 MiB, over `max_request_body`, so streamed
+/// (docs/behaviour.md §19). Made once per run; every request sends the same bytes.
+pub(crate) fn upload_body() -> Bytes {
+    (0..8usize << 20)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
 /// Every request sends a credential, as real payment API calls do; idemgate hashes it
 /// into the key's scope. The targets scoped by a JWT principal send a token instead
 /// ([`Plan::authorization`]).
@@ -51,6 +60,8 @@ pub(crate) struct Plan {
     pub(crate) authorization: &'static str,
     /// Must every response carry `Idempotent-Replayed: true` (or must none)?
     pub(crate) expect_replayed: bool,
+    /// What every request sends, but a key in the body's.
+    pub(crate) body: Bytes,
     pub(crate) concurrency: usize,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
@@ -165,7 +176,8 @@ pub(crate) async fn one_request(
 ) -> Result<(StatusCode, bool), String> {
     let host = host_value(addr);
     let mut sender = connect(addr).await?;
-    let req = request(&host, path, key, authorization)?;
+    let body = Bytes::from_static(REQUEST_BODY.as_bytes());
+    let req = request(&host, path, key, authorization, body)?;
     tokio::time::timeout(REQUEST_TIMEOUT, exchange(&mut sender, req))
         .await
         .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
@@ -204,7 +216,7 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
             (Keys::FreshInBody(_), Some(key)) => {
                 request_keyed_in_body(&host, plan.path, key, plan.authorization)
             }
-            _ => request(&host, plan.path, key, plan.authorization),
+            _ => request(&host, plan.path, key, plan.authorization, plan.body.clone()),
         };
         let req = match built {
             Ok(req) => req,
@@ -285,6 +297,7 @@ fn request(
     path: &str,
     key: Option<&str>,
     authorization: &str,
+    body: Bytes,
 ) -> Result<Request<Full<Bytes>>, String> {
     let mut builder = Request::post(path)
         .header(header::HOST, host)
@@ -294,7 +307,7 @@ fn request(
         builder = builder.header("idempotency-key", key);
     }
     builder
-        .body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes())))
+        .body(Full::new(body))
         .map_err(|e| format!("build request: {e}"))
 }
 

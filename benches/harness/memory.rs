@@ -221,6 +221,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         keys: load::Keys::None,
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.warmup(),
@@ -245,6 +246,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         keys: load::Keys::Fresh(format!("mem-{nonce}")),
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.cap(),
@@ -463,7 +465,7 @@ fn rss_kib(pid: u32) -> Result<u64, BoxError> {
 }
 
 /// A `kB` field of `/proc/PID/status`.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {
         line.strip_prefix(field)?

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::args::Pass;
 use crate::procs::{self, Proc, Store, Tuning};
 use crate::report::{self, Row};
-use crate::{BoxError, Scenario, TargetKind, cpu, load, principal};
+use crate::{BoxError, Scenario, TargetKind, cpu, load, memory, principal};
 
 /// One started target. Its processes are stopped when [`Started::procs`] is dropped.
 #[derive(Debug, Clone, Copy)]
@@ -70,7 +70,7 @@ pub(crate) async fn start(
     upstream: SocketAddr,
     wanted: &[TargetKind],
     log_level: &str,
-    json_key_route: bool,
+    (json_key_route, upload_route): (bool, bool),
 ) -> Result<Started, BoxError> {
     let mut procs: Vec<Proc> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -107,6 +107,7 @@ pub(crate) async fn start(
                 let tuning = Tuning {
                     admin_port: tuning.admin_port.filter(|admin| *admin != port),
                     json_key_route,
+                    upload_route,
                     ..tuning
                 };
                 std::fs::write(
@@ -337,6 +338,7 @@ impl Target {
             Scenario::JsonKey => {
                 load::Keys::FreshInBody(format!("json-{nonce}-{}", self.kind.name()))
             }
+            Scenario::Upload => load::Keys::Fresh(format!("upload-{nonce}-{}", self.kind.name())),
         };
         if let load::Keys::Fixed(key) = &keys {
             // The first request executes; it is made before the run so that every measured
@@ -368,7 +370,8 @@ impl Target {
             keys,
             authorization: self.authorization,
             expect_replayed: self.kind.is_idemgate() && scenario == Scenario::Hit,
-            concurrency: pass.concurrency,
+            body: scenario.body(),
+            concurrency: scenario.concurrency().unwrap_or(pass.concurrency),
             warmup: pass.warmup,
             duration: pass.duration,
             progress: None,
@@ -383,6 +386,18 @@ impl Target {
             problems.push(format!("the load run failed: {err}"));
             load::Outcome::default()
         });
+        // Issue 30: what streaming 8 MiB bodies costs idemgate in memory.
+        if scenario == Scenario::Upload && self.kind.is_idemgate() {
+            let mib = |field| {
+                memory::status_kib(self.pid, field).map_or(f64::NAN, |kib| kib as f64 / 1024.0)
+            };
+            println!(
+                "  upload on {}: idemgate VmRSS {:.1} MiB, peak (VmHWM) {:.1} MiB",
+                self.kind.name(),
+                mib("VmRSS"),
+                mib("VmHWM")
+            );
+        }
         let per_request = |pid: u32| {
             let index = watched.iter().position(|w| w.pid == pid)?;
             Some(cpu::per_request(
