@@ -52,6 +52,7 @@ mod scope_quota;
 mod seams;
 mod sentinel;
 mod store_contract;
+mod streaming;
 mod support;
 mod upgrade;
 mod uploads;
