@@ -21,16 +21,17 @@ use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded, Payload};
 use super::reply::{Reply, finish, replay_response};
 use super::state::{AppState, Live, PolicyId};
-use super::upload::{self, Cut, Upload};
+use super::streamed::{self, Streaming};
+use super::upload;
 use super::upstream::{self, upstream_request};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
-use crate::error::{BoxError, ProxyError};
+use crate::error::ProxyError;
 use crate::idempotency::body::Body;
 use crate::idempotency::key::{parse_plain, parse_value};
 use crate::idempotency::path::{self, EscapedSlashes, PathError};
 use crate::idempotency::source::{Found, KeySource, Offered};
-use crate::idempotency::{Completed, Fingerprint, IdempotencyKey, ScopedKey};
+use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
 use crate::principal::{CredentialError, Principal, Verifier};
 use crate::store::{Lease, Store, StoreError};
@@ -123,7 +124,8 @@ async fn route<S: Store, B: RequestBody>(
         (Loaded::Whole(read), found) => (read, found),
         // Too large to buffer: claimed with what is known up front (docs/behaviour.md §19).
         (Loaded::Streamed(streaming), Found::Key(source, key)) => {
-            let req = guard_streamed(state, policy, streaming, peer, principal, source, key);
+            let req =
+                streamed::guard_streamed(state, policy, streaming, peer, principal, source, key);
             return claimed(state, live, id, (policy, principal), req, scoped_key).await;
         }
         // `Policy::streams` lets only a key found in the head stream.
@@ -197,36 +199,11 @@ async fn claimed<S: Store>(
             replay_response(completed.response(), policy),
         )),
         Claimed::Compare(completed) => {
-            Next::Answer(compare(state, live, policy, req, completed).await?)
+            Next::Answer(streamed::compare(state, live, policy, req, completed).await?)
         }
         Claimed::Unavailable(err) => Next::Answer(store_unavailable(state, live, err, req).await?),
     };
     Ok(next)
-}
-
-/// A retry of a completed streamed request (docs/behaviour.md §19): its body is read to
-/// the end, hashed and discarded, then it replays the record or is refused.
-async fn compare<S: Store>(
-    state: &AppState<S>,
-    live: &Live,
-    policy: &Policy,
-    req: Guarded,
-    completed: Arc<Completed>,
-) -> Result<Reply, ProxyError> {
-    // Only a streamed request is sent to compare its body; a buffered one never has the
-    // fingerprint of a streamed record.
-    let Payload::Streamed(upload) = req.body else {
-        return Err(ProxyError::KeyReused);
-    };
-    let full = tokio::time::timeout(live.config.upstream.timeout, (*upload).drain())
-        .await
-        .map_err(|_| ProxyError::BodyTimeout)?
-        .map_err(Cut::error)?;
-    let opened = claim::compared(state, req.scoped, completed, &full)?;
-    Ok(Reply::new(
-        Outcome::Replayed,
-        replay_response(opened.response(), policy),
-    ))
 }
 
 /// The verified principal of a keyed request under a policy with `scope_principal`
@@ -303,12 +280,6 @@ impl Read {
     }
 }
 
-/// A guarded body too large to buffer, about to be streamed (docs/behaviour.md §19).
-struct Streaming {
-    parts: Parts,
-    body: upload::Parts,
-}
-
 /// A guarded request's body as [`read_body`] left it.
 enum Loaded {
     Whole(Read),
@@ -332,7 +303,7 @@ async fn read_body<S: Store, B: RequestBody>(
         if !policy.streams(found) {
             return Err(ProxyError::BodyTooLarge { limit });
         }
-        return streaming(state, live, policy, req, length);
+        return streamed::streaming(state, live, policy, req, length).map(Loaded::Streamed);
     }
     // Bytes are taken from `max_buffered_bytes` as they arrive, not as announced: a few
     // connections declaring large bodies they never send must not starve every other
@@ -354,7 +325,7 @@ async fn read_body<S: Store, B: RequestBody>(
             // A chunked body that outgrew the buffer: what was read goes first.
             let body = upload::Parts {
                 prefix: Some((prefix, held)),
-                rest: rest.map_err(boxed_stall).boxed_unsync(),
+                rest: rest.map_err(streamed::boxed_stall).boxed_unsync(),
                 declared: None,
                 limit: policy.max_streamed_body,
                 held: state.budget.counting(),
@@ -365,74 +336,6 @@ async fn read_body<S: Store, B: RequestBody>(
         Capped::OverBudget => return Err(ProxyError::Overloaded),
     };
     Ok(Loaded::Whole(Read { parts, body, held }))
-}
-
-/// A body whose `Content-Length` is over `max_request_body`, streamed from its first
-/// byte, up to `max_streamed_body` (docs/behaviour.md §19).
-fn streaming<S: Store, B: RequestBody>(
-    state: &AppState<S>,
-    live: &Live,
-    policy: &Policy,
-    req: Request<B>,
-    length: Option<u64>,
-) -> Result<Loaded, ProxyError> {
-    let limit = policy.max_streamed_body;
-    if length.is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
-    }
-    let (parts, body) = req.into_parts();
-    let body = StallGuard::new(body, live.config.listen_body_timeout);
-    let body = upload::Parts {
-        prefix: None,
-        rest: body.map_err(boxed_stall).boxed_unsync(),
-        declared: length,
-        limit,
-        held: state.budget.counting(),
-    };
-    Ok(Loaded::Streamed(Streaming { parts, body }))
-}
-
-/// A stalled body's error, its cause boxed.
-fn boxed_stall<E: Into<BoxError>>(err: Stalled<E>) -> Stalled<BoxError> {
-    match err {
-        Stalled::Stalled => Stalled::Stalled,
-        Stalled::Body(err) => Stalled::Body(err.into()),
-    }
-}
-
-/// Addresses a streamed request and fingerprints what is known of it up front: method,
-/// target, `fingerprint_headers` and declared length (docs/behaviour.md §19). The body
-/// is hashed as it goes by.
-fn guard_streamed<S: Store>(
-    state: &AppState<S>,
-    policy: &Policy,
-    streaming: Streaming,
-    peer: SocketAddr,
-    principal: Option<&Principal>,
-    source: &KeySource,
-    key: IdempotencyKey,
-) -> Guarded {
-    let Streaming { parts, body } = streaming;
-    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let fingerprint = Fingerprint::upfront(
-        &parts.method,
-        pq,
-        &parts.headers,
-        &policy.fingerprint_rules(),
-        body.declared,
-    );
-    let scoped = policy.address(&parts.headers, principal, source, &key);
-    Guarded {
-        scoped,
-        key: Some(key),
-        ttl: policy.record_ttl(source),
-        fingerprint,
-        parts,
-        body: Payload::Streamed(Box::new(Upload::new(body, &fingerprint))),
-        peer,
-        // The upload holds its own share, as its bytes go by.
-        held: state.budget.counting(),
-    }
 }
 
 /// Fingerprints a read request and addresses its record: under its key and source, or,

@@ -9,7 +9,8 @@
 //! 2. `listen.rs`: [`serve`], the accept loop, and the deadlines of a connection;
 //! 3. `handler.rs`: policy, key, body, fingerprint; pass-through or guarded;
 //!    `view.rs` gives it one view of the request (the method, the `Host` checks),
-//!    `upgrade.rs` passes upgrades through;
+//!    `upgrade.rs` passes upgrades through, `streamed.rs` claims and compares a body
+//!    too large to buffer;
 //! 4. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
 //! 5. `exchange.rs`: forward once and record (on its own task if the client leaves,
 //!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
@@ -36,6 +37,7 @@ mod reconcile;
 pub mod reload;
 mod reply;
 mod state;
+mod streamed;
 mod upgrade;
 mod upload;
 mod upstream;
