@@ -214,6 +214,10 @@ pub(crate) enum Scenario {
     /// answers after 20 ms (`x-bench-delay-ms`), at 256 connections: a legacy API behind
     /// a sidecar (issue 29). Main pass only.
     Slow,
+    /// `POST /documents` with a fresh key and an 8 MiB body over 8 connections: a `miss`
+    /// whose body is streamed while hashed, under `stream_request_body`
+    /// (docs/behaviour.md §19). Not in the default run: `--scenarios upload` asks for it.
+    Upload,
 }
 
 impl Scenario {
@@ -227,13 +231,24 @@ impl Scenario {
         Scenario::JsonKey,
     ];
 
-    /// Every scenario, in the order a run measures them.
-    const ALL: [Scenario; 5] = [
+    /// What a smoke run measures: every scenario but `upload` (8 MiB bodies), `slow` at
+    /// its small size.
+    const SMOKE: [Scenario; 5] = [
         Scenario::Unguarded,
         Scenario::Miss,
         Scenario::Hit,
         Scenario::JsonKey,
         Scenario::Slow,
+    ];
+
+    /// Every scenario `--scenarios` knows.
+    const KNOWN: [Scenario; 6] = [
+        Scenario::Unguarded,
+        Scenario::Miss,
+        Scenario::Hit,
+        Scenario::JsonKey,
+        Scenario::Slow,
+        Scenario::Upload,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -243,6 +258,7 @@ impl Scenario {
             Scenario::Hit => "hit",
             Scenario::JsonKey => "json-key",
             Scenario::Slow => "slow",
+            Scenario::Upload => "upload",
         }
     }
 
@@ -251,6 +267,27 @@ impl Scenario {
             Scenario::Unguarded => "/unguarded",
             Scenario::Miss | Scenario::Hit | Scenario::Slow => "/charges",
             Scenario::JsonKey => "/orders",
+            Scenario::Upload => "/documents",
+        }
+    }
+
+    /// The request body: the small JSON of every scenario, or the upload's 8 MiB.
+    fn body(self) -> bytes::Bytes {
+        match self {
+            Scenario::Upload => load::upload_body(),
+            Scenario::Unguarded
+            | Scenario::Miss
+            | Scenario::Hit
+            | Scenario::JsonKey
+            | Scenario::Slow => bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
+        }
+    }
+
+    /// The connections a scenario runs on whatever `--concurrency` says.
+    fn concurrency(self) -> Option<usize> {
+        match self {
+            Scenario::Upload => Some(8),
+            _ => None,
         }
     }
 
@@ -259,7 +296,7 @@ impl Scenario {
     pub(crate) fn redis_commands(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,
-            Scenario::Miss | Scenario::JsonKey | Scenario::Slow => 2,
+            Scenario::Miss | Scenario::JsonKey | Scenario::Slow | Scenario::Upload => 2,
             Scenario::Hit => 1,
         }
     }
@@ -377,7 +414,10 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         upstream,
         &args.targets,
         &args.log_level,
-        args.scenarios.contains(&Scenario::JsonKey),
+        (
+            args.scenarios.contains(&Scenario::JsonKey),
+            args.scenarios.contains(&Scenario::Upload),
+        ),
         args.account,
     )
     .await?;
@@ -487,6 +527,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         if judge {
             goals::issues_6_and_12(&main);
             goals::issue_27(&main);
+            if args.scenarios.contains(&Scenario::Upload) {
+                goals::issue_30(&main);
+            }
         }
     }
     // Issue 16: the same runs at one connection, where latency is a request's own cost

@@ -114,6 +114,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
         delay_ms: None,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.duration,

@@ -265,6 +265,51 @@ fn line(met: Option<bool>, value: &str, label: &str) {
     println!("  {verdict:<4}  {value:>8}  {label}");
 }
 
+/// The target of issue 30, when the upload scenario ran: streaming 8 MiB bodies through
+/// idemgate while hashing them keeps 90 % of the plain proxy's throughput
+/// (docs/behaviour.md §19).
+pub(crate) fn issue_30(rounds: &[Vec<Row>]) {
+    println!(
+        "\ntargets of issue 30 (ratios to the plain proxy in the same round){}:",
+        of_rounds(rounds.len()),
+    );
+    let ran = |target: TargetKind| {
+        rounds
+            .iter()
+            .flatten()
+            .any(|r| r.target() == target && r.scenario() == Scenario::Upload)
+    };
+    let goals: Vec<Goal> = ISSUE_30
+        .into_iter()
+        .filter(|goal| ran(goal.target))
+        .collect();
+    check(&goals, rounds);
+}
+
+const ISSUE_30: [Goal; 3] = [
+    Goal {
+        label: "upload on memory, req/s >= 0.90x",
+        target: TargetKind::Memory,
+        scenario: Scenario::Upload,
+        metric: Metric::Rps,
+        bound: 0.90,
+    },
+    Goal {
+        label: "upload on Redis, req/s >= 0.90x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Upload,
+        metric: Metric::Rps,
+        bound: 0.90,
+    },
+    Goal {
+        label: "upload on file, req/s >= 0.90x",
+        target: TargetKind::File,
+        scenario: Scenario::Upload,
+        metric: Metric::Rps,
+        bound: 0.90,
+    },
+];
+
 // Goals that several issues set (6 and 12, 16, 29), judged under each: one definition.
 const HIT_ON_MEMORY: Goal = Goal {
     label: "hit on memory, req/s >= 0.95x",

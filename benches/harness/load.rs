@@ -21,6 +21,15 @@ pub(crate) const REQUEST_BODY: &str = concat!(
     r#""metadata":{"order_id":"6735","channel":"web","note":"benchmark body"}}"#,
 );
 
+/// The upload scenario's body: 8 MiB, over `max_request_body`, so streamed
+/// (docs/behaviour.md §19). Made once per run; every request sends the same bytes.
+pub(crate) fn upload_body() -> Bytes {
+    (0..8usize << 20)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
 /// Every request sends a credential, as real payment API calls do; idemgate hashes it
 /// into the key's scope. The targets scoped by a JWT principal send a token instead
 /// ([`Plan::authorization`]).
@@ -58,6 +67,8 @@ pub(crate) struct Plan {
     /// Sent as [`DELAY_HEADER`]: the upstream waits this long before answering (the
     /// `slow` scenario).
     pub(crate) delay_ms: Option<u64>,
+    /// What every request sends, but a key in the body's.
+    pub(crate) body: Bytes,
     pub(crate) concurrency: usize,
     pub(crate) warmup: Duration,
     pub(crate) duration: Duration,
@@ -172,7 +183,8 @@ pub(crate) async fn one_request(
 ) -> Result<(StatusCode, bool), String> {
     let host = host_value(addr);
     let mut sender = connect(addr).await?;
-    let req = request(&host, path, key, authorization, None)?;
+    let body = Bytes::from_static(REQUEST_BODY.as_bytes());
+    let req = request(&host, path, key, authorization, None, body)?;
     tokio::time::timeout(REQUEST_TIMEOUT, exchange(&mut sender, req))
         .await
         .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
@@ -211,7 +223,14 @@ async fn worker(plan: Arc<Plan>, id: usize, measure_from: Instant, end: Instant)
             (Keys::FreshInBody(_), Some(key)) => {
                 request_keyed_in_body(&host, plan.path, key, plan.authorization)
             }
-            _ => request(&host, plan.path, key, plan.authorization, plan.delay_ms),
+            _ => request(
+                &host,
+                plan.path,
+                key,
+                plan.authorization,
+                plan.delay_ms,
+                plan.body.clone(),
+            ),
         };
         let req = match built {
             Ok(req) => req,
@@ -293,6 +312,7 @@ fn request(
     key: Option<&str>,
     authorization: &str,
     delay_ms: Option<u64>,
+    body: Bytes,
 ) -> Result<Request<Full<Bytes>>, String> {
     let mut builder = Request::post(path)
         .header(header::HOST, host)
@@ -305,7 +325,7 @@ fn request(
         builder = builder.header(DELAY_HEADER, ms);
     }
     builder
-        .body(Full::new(Bytes::from_static(REQUEST_BODY.as_bytes())))
+        .body(Full::new(body))
         .map_err(|e| format!("build request: {e}"))
 }
 

@@ -222,6 +222,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
         delay_ms: None,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.warmup(),
@@ -247,6 +248,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
         authorization: load::AUTHORIZATION,
         expect_replayed: false,
         delay_ms: None,
+        body: bytes::Bytes::from_static(load::REQUEST_BODY.as_bytes()),
         concurrency: plan.concurrency,
         warmup: Duration::ZERO,
         duration: plan.cap(),
@@ -465,7 +467,7 @@ fn rss_kib(pid: u32) -> Result<u64, BoxError> {
 }
 
 /// A `kB` field of `/proc/PID/status`.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {
         line.strip_prefix(field)?

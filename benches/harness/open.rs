@@ -80,6 +80,7 @@ async fn fill(store: &FileStore, filler: u64, records: u64) -> Result<(), BoxErr
             token: OwnerToken::random(),
             lease: Duration::from_secs(3600),
             ttl: Duration::from_secs(24 * 3600),
+            streamed: false,
         };
         let Claim::Acquired(lease) = store.claim(req).await? else {
             return Err(format!("record {n} existed before it was written").into());

@@ -230,6 +230,9 @@ pub(crate) struct Tuning {
     /// only when that scenario runs, so that an idemgate from before key sources can be
     /// measured (`IDEMGATE_BIN`) on the others.
     pub(crate) json_key_route: bool,
+    /// The `/documents` route of the upload scenario (`stream_request_body: true`,
+    /// docs/behaviour.md §19), written only when that scenario runs, as `/orders` is.
+    pub(crate) upload_route: bool,
     /// `store.encryption.keys: [{id: bench, key: ENCRYPTION_KEY}]`
     /// (docs/behaviour.md §17): every completed record is sealed with AES-256-GCM.
     pub(crate) encryption: bool,
@@ -266,7 +269,8 @@ pub(crate) fn other_bin() -> Result<PathBuf, BoxError> {
 }
 
 /// idemgate's config: `/charges` guarded (key required), `/orders` guarded with the key
-/// in the JSON body and a canonical-JSON fingerprint, `/unguarded` passed through,
+/// in the JSON body and a canonical-JSON fingerprint, `/documents` guarded with its
+/// bodies streamed, `/unguarded` passed through,
 /// no admin listener unless `tuning` asks for one, `log.level` as given (`warn` by
 /// default: the per-request access line is at info). The level was checked to hold no
 /// quote or line break.
@@ -336,6 +340,12 @@ pub(crate) fn idemgate_yaml(
     } else {
         ""
     };
+    let documents = if tuning.upload_route {
+        "  - path: /documents\n    methods: [POST]\n    required: true\n\
+         \x20   stream_request_body: true\n"
+    } else {
+        ""
+    };
     format!(
         "listen: 127.0.0.1:{listen}\n\
          upstream:\n  url: http://{upstream}\n\
@@ -344,6 +354,7 @@ pub(crate) fn idemgate_yaml(
          routes:\n\
          \x20 - path: /charges\n    methods: [POST]\n    required: true\n\
          {orders}\
+         {documents}\
          \x20 - path: /unguarded\n    enabled: false\n\
          admin:\n  listen: {admin}\n\
          log:\n  level: \"{log_level}\"\n"

@@ -12,7 +12,7 @@ use crate::account::{self, Account, AllocSource, Allocs, Counting};
 use crate::args::Pass;
 use crate::procs::{self, Proc, Store, Tuning};
 use crate::report::{self, Row};
-use crate::{BoxError, Scenario, TargetKind, cpu, load, principal, servers};
+use crate::{BoxError, Scenario, TargetKind, cpu, load, memory, principal, servers};
 
 /// How long before the measured window a window's perf is started: it takes a few tens
 /// of ms to open its events (its count is per request of its own window, which the
@@ -91,7 +91,7 @@ pub(crate) async fn start(
     upstream: SocketAddr,
     wanted: &[TargetKind],
     log_level: &str,
-    json_key_route: bool,
+    (json_key_route, upload_route): (bool, bool),
     account: bool,
 ) -> Result<Started, BoxError> {
     let mut procs: Vec<Proc> = Vec::new();
@@ -140,6 +140,7 @@ pub(crate) async fn start(
                 let tuning = Tuning {
                     admin_port: admin.filter(|admin| *admin != port),
                     json_key_route,
+                    upload_route,
                     ..tuning
                 };
                 std::fs::write(
@@ -379,6 +380,7 @@ impl Target {
             Scenario::JsonKey => {
                 load::Keys::FreshInBody(format!("json-{nonce}-{}", self.kind.name()))
             }
+            Scenario::Upload => load::Keys::Fresh(format!("upload-{nonce}-{}", self.kind.name())),
         };
         if let load::Keys::Fixed(key) = &keys {
             // The first request executes; it is made before the run so that every measured
@@ -417,7 +419,10 @@ impl Target {
                 .slow
                 .filter(|_| scenario == Scenario::Slow)
                 .map(|slow| slow.delay_ms),
-            concurrency: pass.concurrency_of(scenario),
+            body: scenario.body(),
+            concurrency: scenario
+                .concurrency()
+                .unwrap_or_else(|| pass.concurrency_of(scenario)),
             warmup: pass.warmup,
             duration: pass.duration,
             progress: progress.clone(),
@@ -487,6 +492,18 @@ impl Target {
             }
             None => None,
         };
+        // Issue 30: what streaming 8 MiB bodies costs idemgate in memory.
+        if scenario == Scenario::Upload && self.kind.is_idemgate() {
+            let mib = |field| {
+                memory::status_kib(self.pid, field).map_or(f64::NAN, |kib| kib as f64 / 1024.0)
+            };
+            println!(
+                "  upload on {}: idemgate VmRSS {:.1} MiB, peak (VmHWM) {:.1} MiB",
+                self.kind.name(),
+                mib("VmRSS"),
+                mib("VmHWM")
+            );
+        }
         let per_request = |pid: u32| {
             let index = watched.iter().position(|w| w.pid == pid)?;
             Some(cpu::per_request(

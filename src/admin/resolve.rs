@@ -134,6 +134,8 @@ pub(super) async fn resolve<S: Store>(
                     completed_ms,
                 }),
                 unknown: false,
+                // The request is the one the unknown outcome was recorded for.
+                streamed: unknown.streamed,
             };
             Some(Arc::new(state.seal(&key, record)))
         }

@@ -240,8 +240,14 @@ policy_keys! {
             HeaderValue::from_static("false"),
         )],
             from HeaderPairs, show header_pairs;
-        /// Larger guarded request bodies are refused (`413`) before anything is stored.
+        /// Larger guarded request bodies are refused (`413`) before anything is stored,
+        /// unless `stream_request_body` streams them.
         max_request_body: u64 = 1 << 20, from Size, show size;
+        /// Whether a guarded body larger than `max_request_body` is streamed to the
+        /// upstream while it is hashed, instead of refused (docs/behaviour.md §19).
+        stream_request_body: bool = false, from Flag, show flag;
+        /// Larger streamed request bodies are refused (`413`).
+        max_streamed_body: u64 = 1 << 30, from Size, show size;
         /// Larger response bodies are not stored; a retry gets `409 not-replayable`.
         max_response_body: u64 = 4 << 20, from Size, show size;
     }
@@ -383,6 +389,34 @@ impl Policy {
                 .iter()
                 .map(KeySource::label_parts)
                 .eq(other.key_from.iter().map(KeySource::label_parts))
+    }
+
+    /// Whether a guarded request whose key was `found` in its head may stream a body
+    /// larger than `max_request_body` (docs/behaviour.md §19): not when the key or the
+    /// fingerprint needs the body's JSON, which only a buffered body shows.
+    pub fn streams(&self, found: &Found<'_>) -> bool {
+        self.stream_request_body
+            && self.fingerprint_body == BodyForm::Raw
+            && matches!(found, Found::Key(..))
+    }
+
+    /// Why a body over `max_request_body` is refused under this policy despite
+    /// `stream_request_body` (docs/behaviour.md §19), for `--check` to say; `None` when
+    /// it is off, or every request with a body over the limit can stream.
+    pub fn stream_limits(&self) -> Option<String> {
+        if !self.stream_request_body {
+            return None;
+        }
+        let mut needs_body: Vec<String> = self
+            .key_from
+            .iter()
+            .filter(|source| source.needs_body())
+            .map(KeySource::describe)
+            .collect();
+        if self.fingerprint_body == BodyForm::Json {
+            needs_body.push("fingerprint_body: json".to_owned());
+        }
+        (!needs_body.is_empty()).then(|| needs_body.join(", "))
     }
 
     /// What the fingerprint of a request under this policy covers.

@@ -72,7 +72,35 @@ pub(super) fn to_yaml(config: &Config) -> String {
     escape_interpolation(&mut root);
     let yaml = serde_yaml::to_string(&root)
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
-    format!("{}{yaml}", masked_notice(config))
+    format!(
+        "{}{}{yaml}",
+        masked_notice(config),
+        streaming_notice(config)
+    )
+}
+
+/// The comment that says which policies stream only some bodies
+/// (docs/behaviour.md §19): a key source or fingerprint that reads the body's JSON sees
+/// buffered bodies only, so there a body over `max_request_body` is still `413`.
+fn streaming_notice(config: &Config) -> String {
+    let sections = std::iter::once(("idempotency".to_owned(), &config.idempotency)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy)),
+    );
+    let mut notice = String::new();
+    for (section, policy) in sections {
+        if let Some(needs_body) = policy.stream_limits() {
+            notice.push_str(&format!(
+                "# {section}: stream_request_body does not combine with {needs_body}: they \
+                 see buffered\n#   bodies only, so there a body over max_request_body is \
+                 answered 413 as without streaming.\n"
+            ));
+        }
+    }
+    notice
 }
 
 /// `store`: the keys every kind reads, and those of the chosen kind only. Loading leaves

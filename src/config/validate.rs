@@ -286,7 +286,24 @@ fn build_routes(
 /// combination it inherits half of too.
 fn check_policy(policy: &Policy, section: &str) -> Result<(), ConfigError> {
     check_window(policy, section)?;
-    check_fingerprint(policy, section)
+    check_fingerprint(policy, section)?;
+    check_streaming(policy, section)
+}
+
+/// A streamed body is one over `max_request_body` and at most `max_streamed_body`
+/// (docs/behaviour.md §19): a smaller `max_streamed_body` would leave no body to stream.
+fn check_streaming(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.stream_request_body && policy.max_streamed_body < policy.max_request_body {
+        return Err(ConfigError::invalid(
+            format!("{section}.max_streamed_body"),
+            format!(
+                "{} is smaller than max_request_body ({}); a streamed body is one larger \
+                 than max_request_body",
+                policy.max_streamed_body, policy.max_request_body
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A `fingerprint` source keeps its records for its window instead of `ttl`, and no

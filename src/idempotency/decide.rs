@@ -2,10 +2,16 @@
 //!
 //! ```text
 //! COMPLETED, same fingerprint            -> Replay (or NotReplayable if the body was too large)
+//! COMPLETED streamed whole, same up-front -> Compare: read the body, then `compared`
 //! COMPLETED or IN_FLIGHT, other fp        -> KeyReused
 //! IN_FLIGHT, same fp, lease live          -> InFlight (reject) | Wait
 //! IN_FLIGHT, same fp, lease ended         -> TakeOver: RecordUnknown (record) | Forward (release)
 //! ```
+//!
+//! A streamed request (docs/behaviour.md §19) claims with its up-front fingerprint,
+//! hashed under a label of its own: it never equals a buffered request's, so the rows
+//! above compare the two kinds correctly without knowing them apart. Only a completed
+//! streamed record whose body was hashed whole needs the request's body: `Compare`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +25,9 @@ pub enum Decision {
     Replay(Arc<Completed>),
     /// Answer with a problem; the store is left unchanged.
     Reject(Rejection),
+    /// A completed streamed record with the same up-front fingerprint: read the
+    /// request's body to its end, hashing it, then [`compared`] decides.
+    Compare(Arc<Completed>),
     /// `on_concurrent: wait`: block until the owner completes or releases, or at most
     /// until its lease ends (a crashed owner never says it is done).
     Wait { lease_left: Duration },
@@ -46,15 +55,24 @@ pub enum Rejection {
 }
 
 /// Decides what a request with `fingerprint` does about `existing`, at `now_ms` on the
-/// store's clock.
+/// store's clock. `streamed`: `fingerprint` is the up-front fingerprint of a request
+/// whose body is not read yet.
 pub fn decide(
     existing: &Record,
     fingerprint: &Fingerprint,
+    streamed: bool,
     now_ms: u64,
     on_concurrent: OnConcurrent,
     on_unknown: OnUnknownOutcome,
 ) -> Decision {
     match existing {
+        Record::Completed(c)
+            if streamed
+                && c.streamed
+                    .is_some_and(|s| s.whole && s.upfront == *fingerprint) =>
+        {
+            Decision::Compare(Arc::clone(c))
+        }
         Record::Completed(c) if c.fingerprint != *fingerprint => {
             Decision::Reject(Rejection::KeyReused)
         }
@@ -79,6 +97,18 @@ pub fn decide(
                 OnConcurrent::Wait => Decision::Wait { lease_left },
             }
         }
+    }
+}
+
+/// What a streamed request does about the record of [`Decision::Compare`], now that
+/// its body was hashed to the end into `full`: replay it (`Ok`), or refuse it.
+pub fn compared(completed: &Completed, full: &Fingerprint) -> Result<(), Rejection> {
+    if completed.fingerprint != *full {
+        Err(Rejection::KeyReused)
+    } else if completed.replayable() {
+        Ok(())
+    } else {
+        Err(Rejection::NotReplayable)
     }
 }
 
@@ -113,6 +143,7 @@ mod tests {
             token: OwnerToken::from_bytes([5; 16]),
             lease_deadline_ms: deadline,
             claimed_at_ms: None,
+            streamed: false,
         })
     }
 
@@ -123,7 +154,7 @@ mod tests {
         c: OnConcurrent,
         u: OnUnknownOutcome,
     ) -> Decision {
-        decide(rec, fp, now, c, u)
+        decide(rec, fp, false, now, c, u)
     }
 
     use OnConcurrent::{Reject as R, Wait as W};
@@ -223,6 +254,76 @@ mod tests {
             Decision::TakeOver {
                 stale,
                 then: AfterTakeOver::Forward
+            }
+        );
+    }
+
+    /// A streamed request is compared with a streamed record by its up-front
+    /// fingerprint first, then, when the record's body was hashed whole, by its own body
+    /// (`Compare`, then `compared`); a record whose body was not hashed whole replays on
+    /// the up-front fingerprint alone.
+    #[test]
+    fn streamed_requests_compare_their_body_only_with_a_whole_record() {
+        use crate::idempotency::Streamed;
+        const UP: Fingerprint = Fingerprint::from_bytes([3; 32]);
+        const FULL: Fingerprint = Fingerprint::from_bytes([4; 32]);
+        let record = |fingerprint, whole| {
+            Arc::new(Completed {
+                streamed: Some(Streamed { upfront: UP, whole }),
+                ..Completed::clear(fingerprint, StatusCode::OK, vec![], StoredBody::TooLarge)
+            })
+        };
+        let whole = record(FULL, true);
+        let rec = Record::Completed(Arc::clone(&whole));
+        assert_eq!(
+            decide(&rec, &UP, true, 0, R, Rec),
+            Decision::Compare(Arc::clone(&whole))
+        );
+        assert_eq!(
+            decide(&rec, &OTHER, true, 0, R, Rec),
+            Decision::Reject(Rejection::KeyReused),
+            "another up-front fingerprint is refused before any body is read"
+        );
+        assert_eq!(
+            decide(&rec, &UP, false, 0, R, Rec),
+            Decision::Reject(Rejection::KeyReused),
+            "a buffered request never meets a streamed record's fingerprint"
+        );
+        assert_eq!(compared(&whole, &OTHER), Err(Rejection::KeyReused));
+        assert_eq!(compared(&whole, &FULL), Err(Rejection::NotReplayable));
+        let kept = Arc::new(Completed {
+            kept: Completed::clear(
+                FULL,
+                StatusCode::OK,
+                vec![],
+                StoredBody::Stored(Bytes::new()),
+            )
+            .kept,
+            ..(*whole).clone()
+        });
+        assert_eq!(compared(&kept, &FULL), Ok(()));
+        // Answered before the body was read whole: the up-front fingerprint is the record's.
+        let early = record(UP, false);
+        assert_eq!(
+            decide(&Record::Completed(early), &UP, true, 0, R, Rec),
+            Decision::Reject(Rejection::NotReplayable)
+        );
+        // In flight: the up-front fingerprint decides, whatever the body.
+        let marker = Record::InFlight(InFlight {
+            fingerprint: UP,
+            token: OwnerToken::from_bytes([5; 16]),
+            lease_deadline_ms: 10_000,
+            claimed_at_ms: Some(0),
+            streamed: true,
+        });
+        assert!(matches!(
+            decide(&marker, &UP, true, 0, R, Rec),
+            Decision::Reject(Rejection::InFlight { .. })
+        ));
+        assert_eq!(
+            decide(&marker, &UP, true, 0, W, Rec),
+            Decision::Wait {
+                lease_left: Duration::from_secs(10)
             }
         );
     }

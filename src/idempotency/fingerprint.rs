@@ -72,18 +72,7 @@ impl Fingerprint {
     ) -> Self {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-fingerprint-v1");
-        hash_field(&mut hash, method.as_str().as_bytes());
-        let target = if rules.query {
-            path_and_query
-        } else {
-            path_and_query
-                .split_once('?')
-                .map_or(path_and_query, |(path, _query)| path)
-        };
-        hash_field(&mut hash, target.as_bytes());
-        for name in rules.headers {
-            hash_header(&mut hash, headers, name);
-        }
+        hash_target(&mut hash, method, path_and_query, headers, rules);
         // Canonical JSON is itself JSON and a body that falls back to raw is not, so
         // the two kinds of body bytes cannot be mistaken for each other.
         let bytes = body.bytes();
@@ -97,12 +86,102 @@ impl Fingerprint {
         Self(hash.finalize().into())
     }
 
+    /// What a streamed request's fingerprint covers before its body is read
+    /// (docs/behaviour.md §19): method, path (and query), the `fingerprint_headers` and
+    /// the declared length (`None`: chunked). Hashed under a label of its own, so that it
+    /// never equals the fingerprint of a buffered request, whatever the bodies.
+    pub fn upfront(
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        rules: &FingerprintRules<'_>,
+        declared: Option<u64>,
+    ) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-fingerprint-streamed-v1");
+        hash_target(&mut hash, method, path_and_query, headers, rules);
+        match declared {
+            Some(len) => {
+                hash.update([1]);
+                hash.update(len.to_be_bytes());
+            }
+            None => hash.update([0]),
+        }
+        Self(hash.finalize().into())
+    }
+
     pub const fn from_bytes(bytes: [u8; 32]) -> Self {
         Self(bytes)
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
+    }
+}
+
+/// Method, target (without the query under `fingerprint_query: false`) and the
+/// `fingerprint_headers`: the head of every fingerprint.
+fn hash_target(
+    hash: &mut Sha256,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    rules: &FingerprintRules<'_>,
+) {
+    hash_field(hash, method.as_str().as_bytes());
+    let target = if rules.query {
+        path_and_query
+    } else {
+        path_and_query
+            .split_once('?')
+            .map_or(path_and_query, |(path, _query)| path)
+    };
+    hash_field(hash, target.as_bytes());
+    for name in rules.headers {
+        hash_header(hash, headers, name);
+    }
+}
+
+/// The full fingerprint of a streamed request, computed as its body goes by
+/// (docs/behaviour.md §19): its up-front fingerprint, then every body byte, then the
+/// number of bytes. Nothing of the body is kept.
+#[derive(Clone)]
+pub struct StreamedHash {
+    hash: Sha256,
+    len: u64,
+}
+
+impl StreamedHash {
+    pub fn new(upfront: &Fingerprint) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(b"idemgate-fingerprint-streamed-body-v1");
+        hash.update(upfront.as_bytes());
+        Self { hash, len: 0 }
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hash.update(bytes);
+        self.len += bytes.len() as u64;
+    }
+
+    /// Body bytes hashed so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn finish(mut self) -> Fingerprint {
+        self.hash.update(self.len.to_be_bytes());
+        Fingerprint(self.hash.finalize().into())
+    }
+}
+
+impl std::fmt::Debug for StreamedHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StreamedHash({} bytes)", self.len)
     }
 }
 
@@ -244,6 +323,31 @@ mod tests {
             old,
             fp("POST", "/charges?x=1", Some("application/json"), body)
         );
+    }
+
+    /// A streamed request's fingerprints never meet a buffered one's, the declared
+    /// length counts up front, and the full one covers every byte, however it arrived.
+    #[test]
+    fn streamed_fingerprints_are_apart_and_cover_every_byte() {
+        let rules = FingerprintRules::raw(&CONTENT_TYPE);
+        let headers = HeaderMap::new();
+        let up = |len| Fingerprint::upfront(&Method::POST, "/docs", &headers, &rules, len);
+        let buffered = Fingerprint::new(&Method::POST, "/docs", &headers, &rules, b"");
+        assert_ne!(up(None), buffered);
+        assert_ne!(up(Some(0)), up(None));
+        assert_ne!(up(Some(3)), up(Some(4)));
+        let full = |upfront: Fingerprint, pieces: &[&[u8]]| {
+            let mut hash = StreamedHash::new(&upfront);
+            for piece in pieces {
+                hash.update(piece);
+            }
+            hash.finish()
+        };
+        let whole = full(up(Some(6)), &[b"abcdef"]);
+        assert_eq!(whole, full(up(Some(6)), &[b"ab", b"", b"cdef"]));
+        assert_ne!(whole, full(up(Some(6)), &[b"abcdeg"]));
+        assert_ne!(whole, full(up(None), &[b"abcdef"]));
+        assert_ne!(whole, up(Some(6)));
     }
 
     #[test]

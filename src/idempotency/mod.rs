@@ -13,10 +13,11 @@ pub mod pointer;
 pub mod record;
 pub mod source;
 
-pub use decide::{AfterTakeOver, Decision, Rejection, decide, retry_after};
-pub use fingerprint::Fingerprint;
+pub use decide::{AfterTakeOver, Decision, Rejection, compared, decide, retry_after};
+pub use fingerprint::{Fingerprint, StreamedHash};
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 pub use record::{
-    Completed, InFlight, Kept, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Times,
+    Completed, InFlight, Kept, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Streamed,
+    Times,
 };
 pub use source::{Found, KeySource, Offered};

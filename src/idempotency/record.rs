@@ -4,19 +4,28 @@
 //! side with this one. Layout (all integers big-endian):
 //!
 //! ```text
-//! [0] format: 1 or 2   [1] kind: 1 = in-flight, 2 = completed, 3 = sealed
+//! [0] format: 1, 2 or 3   [1] kind: 1 = in-flight, 2 = completed, 3 = sealed
 //! [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
-//!             format 2 only: [58..66] claimed at, unix ms
+//!             formats 2 and 3: [58..66] claimed at, unix ms
+//!             format 3 only: [66] flags: bit 0 = streamed (docs/behaviour.md §19)
 //! completed:  [34..36] status   [36] flags: bit 0 = body too large to keep, bit 1 =
-//!             outcome unknown (a record written before that flag has 0 or 1)
+//!             outcome unknown (a record written before that flag has 0 or 1), bit 2 =
+//!             streamed, bit 3 = the streamed body was hashed whole
 //!             format 2 only: [37..45] claimed at, [45..53] completed at, unix ms
+//!             streamed only: 32 bytes, the up-front fingerprint
 //!             then u16 header count, then per header: u16 name len, name, u32 value
 //!             len, value; then u32 body len, body (raw bytes)
 //! sealed:     [34] flags, as above   format 2: [35..51] the two times
+//!             streamed only: 32 bytes, the up-front fingerprint
 //!             then u8 key id len, key id, 12-byte nonce, u32 len, ciphertext: the
 //!             status (u16) and the headers and body laid out as above, under AEAD
 //! ```
+//!
+//! A streamed request's marker is format 3, and its record sets the streamed flag: a
+//! version that predates them refuses both as unreadable (never replayed, never
+//! forwarded) rather than comparing the wrong fingerprint. Everything else is written
+//! exactly as before streaming existed.
 //!
 //! Format 2 adds the times the admin API reports (docs/behaviour.md §13); records of
 //! format 1, written before it, still load, without them. A record is written in format 2
@@ -36,11 +45,14 @@ use super::Fingerprint;
 pub const FORMAT_V1: u8 = 1;
 /// Format 1 plus the record's times.
 pub const FORMAT_V2: u8 = 2;
+/// Format 2 plus a flags byte ending an in-flight marker: a streamed request's marker.
+pub const FORMAT_V3: u8 = 3;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
 /// A completed record whose response is encrypted (docs/behaviour.md §17).
 pub const KIND_SEALED: u8 = 3;
-/// Length of an encoded in-flight marker of format 1; format 2 adds 8 bytes.
+/// Length of an encoded in-flight marker of format 1; format 2 adds 8 bytes, format 3
+/// one more.
 pub const IN_FLIGHT_LEN: usize = 58;
 /// Byte range of the owner token inside an encoded in-flight marker.
 pub const TOKEN_RANGE: std::ops::Range<usize> = 34..50;
@@ -79,6 +91,22 @@ pub struct InFlight {
     pub lease_deadline_ms: u64,
     /// When the claim was made, on the store's clock; `None` in a format 1 marker.
     pub claimed_at_ms: Option<u64>,
+    /// The request's body is streamed (docs/behaviour.md §19): `fingerprint` is its
+    /// up-front fingerprint, and a retry is `409` whatever its body.
+    pub streamed: bool,
+}
+
+/// How a completed record of a streamed request was fingerprinted
+/// (docs/behaviour.md §19).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streamed {
+    /// What was known before the body: method, target, headers, declared length.
+    pub upfront: Fingerprint,
+    /// The body was hashed to its end, and the record's fingerprint is the full one: a
+    /// retry reads its own body to compare. `false` when the upstream answered before
+    /// the body was read whole, or the outcome is unknown: the record's fingerprint is
+    /// then `upfront`, and only that is compared.
+    pub whole: bool,
 }
 
 /// When a completed record's claim was made and when its response was recorded, in
@@ -112,6 +140,8 @@ pub struct Completed {
     /// request is not known (docs/behaviour.md §4, §18). Readable without a key, so
     /// that an operator can resolve it.
     pub unknown: bool,
+    /// Set for a streamed request (docs/behaviour.md §19).
+    pub streamed: Option<Streamed>,
 }
 
 /// How a completed record holds its response.
@@ -215,17 +245,22 @@ impl InFlight {
 
     /// The encoding of [`InFlight::encode`], appended to `out`.
     pub fn encode_into(&self, out: &mut impl BufMut) {
-        out.put_u8(if self.claimed_at_ms.is_some() {
-            FORMAT_V2
-        } else {
-            FORMAT_V1
-        });
+        // A streamed marker always has its time: the claim that writes it sets one.
+        let format = match (self.streamed, self.claimed_at_ms) {
+            (true, _) => FORMAT_V3,
+            (false, Some(_)) => FORMAT_V2,
+            (false, None) => FORMAT_V1,
+        };
+        out.put_u8(format);
         out.put_u8(KIND_IN_FLIGHT);
         out.put_slice(self.fingerprint.as_bytes());
         out.put_slice(self.token.as_bytes());
         out.put_u64(self.lease_deadline_ms);
-        if let Some(at) = self.claimed_at_ms {
-            out.put_u64(at);
+        if format != FORMAT_V1 {
+            out.put_u64(self.claimed_at_ms.unwrap_or(0));
+        }
+        if self.streamed {
+            out.put_u8(IN_FLIGHT_STREAMED);
         }
     }
 }
@@ -247,13 +282,18 @@ impl Completed {
             }),
             times: None,
             unknown: false,
+            streamed: None,
         }
     }
 
     /// The flags byte: bit 0, the body was too large to keep; bit 1, the outcome is
-    /// unknown.
+    /// unknown; bit 2, the request was streamed; bit 3, its body was hashed whole.
     fn flags(&self) -> u8 {
-        u8::from(!self.replayable()) | (u8::from(self.unknown) << 1)
+        let streamed = match self.streamed {
+            None => 0,
+            Some(Streamed { whole, .. }) => FLAG_STREAMED | (u8::from(whole) << 3),
+        };
+        u8::from(!self.replayable()) | (u8::from(self.unknown) << 1) | streamed
     }
 
     /// The response, when it is kept in clear.
@@ -282,7 +322,7 @@ impl Completed {
 
     pub fn encode(&self) -> Bytes {
         // Format, kind, fingerprint, body flag and times, then the response's own.
-        let head = 2 + 32 + 1 + 16;
+        let head = 2 + 32 + 1 + 16 + if self.streamed.is_some() { 32 } else { 0 };
         let len = match &self.kept {
             Kept::Clear(response) => head + response.encoded_len(),
             Kept::Sealed(sealed) => {
@@ -328,10 +368,14 @@ impl Completed {
         }
     }
 
+    /// The times, then a streamed record's up-front fingerprint.
     fn encode_times(&self, out: &mut impl BufMut) {
         if let Some(times) = self.times {
             out.put_u64(times.claimed_ms);
             out.put_u64(times.completed_ms);
+        }
+        if let Some(streamed) = &self.streamed {
+            out.put_slice(streamed.upfront.as_bytes());
         }
     }
 
@@ -349,6 +393,7 @@ impl Completed {
             kept,
             times: self.times,
             unknown: self.unknown,
+            streamed: self.streamed,
         }
     }
 }
@@ -489,11 +534,15 @@ impl Record {
     pub fn decode(mut buf: Bytes) -> Result<Record, DecodeError> {
         need(&buf, 2)?;
         let format = buf.get_u8();
-        if format != FORMAT_V1 && format != FORMAT_V2 {
+        if !(FORMAT_V1..=FORMAT_V3).contains(&format) {
             return Err(DecodeError::UnknownFormat(format));
         }
-        let timed = format == FORMAT_V2;
+        let timed = format != FORMAT_V1;
         let kind = buf.get_u8();
+        // Format 3 is a streamed request's marker, and nothing else.
+        if format == FORMAT_V3 && kind != KIND_IN_FLIGHT {
+            return Err(DecodeError::UnknownFormat(format));
+        }
         need(&buf, 32)?;
         let mut fp = [0u8; 32];
         buf.copy_to_slice(&mut fp);
@@ -503,30 +552,43 @@ impl Record {
                 need(&buf, if timed { 32 } else { 24 })?;
                 let mut token = [0u8; 16];
                 buf.copy_to_slice(&mut token);
+                let lease_deadline_ms = buf.get_u64();
+                let claimed_at_ms = timed.then(|| buf.get_u64());
+                let streamed = format == FORMAT_V3;
+                if streamed {
+                    need(&buf, 1)?;
+                    if buf.get_u8() != IN_FLIGHT_STREAMED {
+                        return Err(DecodeError::Invalid("marker flags"));
+                    }
+                }
                 Record::InFlight(InFlight {
                     fingerprint,
                     token: OwnerToken::from_bytes(token),
-                    lease_deadline_ms: buf.get_u64(),
-                    claimed_at_ms: timed.then(|| buf.get_u64()),
+                    lease_deadline_ms,
+                    claimed_at_ms,
+                    streamed,
                 })
             }
             KIND_COMPLETED => {
                 need(&buf, 3)?;
                 let status = status(buf.get_u16())?;
-                let (too_large, unknown) = flags(buf.get_u8())?;
+                let (too_large, unknown, streamed) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
+                let streamed = decode_streamed(&mut buf, streamed)?;
                 let response = StoredResponse::decode_parts(&mut buf, status, too_large)?;
                 Record::Completed(Arc::new(Completed {
                     fingerprint,
                     kept: Kept::Clear(response),
                     times,
                     unknown,
+                    streamed,
                 }))
             }
             KIND_SEALED => {
                 need(&buf, 1)?;
-                let (too_large, unknown) = flags(buf.get_u8())?;
+                let (too_large, unknown, streamed) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
+                let streamed = decode_streamed(&mut buf, streamed)?;
                 need(&buf, 1)?;
                 let len = usize::from(buf.get_u8());
                 let id = take(&mut buf, len)?;
@@ -549,6 +611,7 @@ impl Record {
                     }),
                     times,
                     unknown,
+                    streamed,
                 }))
             }
             other => return Err(DecodeError::UnknownKind(other)),
@@ -564,13 +627,35 @@ fn status(code: u16) -> Result<StatusCode, DecodeError> {
     StatusCode::from_u16(code).map_err(|_| DecodeError::Invalid("status"))
 }
 
-/// `(too large, outcome unknown)` from a flags byte; records written before the second
-/// flag hold 0 or 1.
-fn flags(byte: u8) -> Result<(bool, bool), DecodeError> {
-    if byte > 3 {
+/// The last byte of a streamed request's marker (format 3).
+const IN_FLIGHT_STREAMED: u8 = 1;
+/// A completed record's flag: the request was streamed.
+const FLAG_STREAMED: u8 = 4;
+/// A completed record's flag, with [`FLAG_STREAMED`] only: its body was hashed whole.
+const FLAG_WHOLE: u8 = 8;
+
+/// `(too large, outcome unknown, streamed flags)` from a flags byte; records written
+/// before the second flag hold 0 or 1, before streaming 0 to 3.
+fn flags(byte: u8) -> Result<(bool, bool, Option<bool>), DecodeError> {
+    if byte > 15 || (byte & FLAG_WHOLE != 0 && byte & FLAG_STREAMED == 0) {
         return Err(DecodeError::Invalid("flags"));
     }
-    Ok((byte & 1 == 1, byte & 2 == 2))
+    let streamed = (byte & FLAG_STREAMED != 0).then_some(byte & FLAG_WHOLE != 0);
+    Ok((byte & 1 == 1, byte & 2 == 2, streamed))
+}
+
+/// A streamed record's up-front fingerprint, when `whole` says it is one.
+fn decode_streamed(buf: &mut Bytes, whole: Option<bool>) -> Result<Option<Streamed>, DecodeError> {
+    let Some(whole) = whole else {
+        return Ok(None);
+    };
+    need(buf, 32)?;
+    let mut upfront = [0u8; 32];
+    buf.copy_to_slice(&mut upfront);
+    Ok(Some(Streamed {
+        upfront: Fingerprint::from_bytes(upfront),
+        whole,
+    }))
 }
 
 fn decode_times(buf: &mut Bytes, timed: bool) -> Result<Option<Times>, DecodeError> {
@@ -636,6 +721,7 @@ mod tests {
             token: OwnerToken::from_bytes([9; 16]),
             lease_deadline_ms: 1_700_000_000_123,
             claimed_at_ms: Some(1_700_000_000_000),
+            streamed: false,
         };
         let bytes = marker.encode();
         assert_eq!(bytes.len(), 66);
@@ -659,6 +745,7 @@ mod tests {
                 token: OwnerToken::from_bytes([9; 16]),
                 lease_deadline_ms: 1_700_000_000_123,
                 claimed_at_ms: None,
+                streamed: false,
             }))
         );
         // The completed layout of format 1, byte by byte: no times after the body flag.
@@ -761,6 +848,7 @@ mod tests {
             }),
             times,
             unknown: false,
+            streamed: None,
         }
     }
 
@@ -821,7 +909,7 @@ mod tests {
             assert_eq!(Record::decode(bytes), Ok(Record::Completed(Arc::new(rec))));
         }
         let mut bad = completed(StoredBody::TooLarge).encode().to_vec();
-        bad[36] = 4;
+        bad[36] = 8;
         assert_eq!(
             Record::decode(bad.into()),
             Err(DecodeError::Invalid("flags"))
@@ -839,6 +927,107 @@ mod tests {
             StoredResponse::decode(out.freeze(), false).as_ref(),
             Ok(response)
         );
+    }
+
+    /// A streamed request's marker is format 3, one flags byte longer, with the owner
+    /// token and lease deadline where every marker has them (the Redis scripts read them
+    /// there).
+    #[test]
+    fn a_streamed_marker_round_trips_as_format_3() {
+        let marker = InFlight {
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            token: OwnerToken::from_bytes([9; 16]),
+            lease_deadline_ms: 1_700_000_000_123,
+            claimed_at_ms: Some(1_700_000_000_000),
+            streamed: true,
+        };
+        let bytes = marker.encode();
+        assert_eq!(bytes.len(), 67);
+        assert_eq!(bytes[0], FORMAT_V3);
+        assert_eq!(&bytes[TOKEN_RANGE], &[9; 16]);
+        assert_eq!(&bytes[50..58], &1_700_000_000_123u64.to_be_bytes());
+        assert_eq!(Record::decode(bytes.clone()), Ok(Record::InFlight(marker)));
+        let mut bad = bytes.to_vec();
+        bad[66] = 2;
+        assert_eq!(
+            Record::decode(bad.into()),
+            Err(DecodeError::Invalid("marker flags"))
+        );
+        // Format 3 is a marker's only.
+        let mut completed_v3 = completed(StoredBody::TooLarge).encode().to_vec();
+        completed_v3[0] = FORMAT_V3;
+        assert_eq!(
+            Record::decode(completed_v3.into()),
+            Err(DecodeError::UnknownFormat(FORMAT_V3))
+        );
+    }
+
+    /// A streamed record keeps its up-front fingerprint and whether its body was hashed
+    /// whole, in clear and sealed alike.
+    #[test]
+    fn a_streamed_record_round_trips_with_its_upfront_fingerprint() {
+        for whole in [true, false] {
+            let streamed = Some(Streamed {
+                upfront: Fingerprint::from_bytes([6; 32]),
+                whole,
+            });
+            let clear = Completed {
+                streamed,
+                ..completed(StoredBody::Stored(Bytes::from_static(b"{}")))
+            };
+            let bytes = clear.encode();
+            assert_eq!(bytes[36] & 12, 4 | (u8::from(whole) << 3));
+            assert_eq!(
+                Record::decode(bytes),
+                Ok(Record::Completed(Arc::new(clear)))
+            );
+            let sealed = Completed {
+                streamed,
+                ..sealed(false, None)
+            };
+            assert_eq!(
+                Record::decode(sealed.encode()),
+                Ok(Record::Completed(Arc::new(sealed)))
+            );
+        }
+    }
+
+    /// Records of format 2 written before streaming existed, byte by byte: they load as
+    /// buffered requests' records.
+    #[test]
+    fn format_2_records_from_before_streaming_still_load() {
+        let mut marker = vec![FORMAT_V2, KIND_IN_FLIGHT];
+        marker.extend([1; 32]);
+        marker.extend([9; 16]);
+        marker.extend(1_700_000_000_123u64.to_be_bytes());
+        marker.extend(1_700_000_000_000u64.to_be_bytes());
+        assert_eq!(
+            Record::decode(marker.into()),
+            Ok(Record::InFlight(InFlight {
+                fingerprint: Fingerprint::from_bytes([1; 32]),
+                token: OwnerToken::from_bytes([9; 16]),
+                lease_deadline_ms: 1_700_000_000_123,
+                claimed_at_ms: Some(1_700_000_000_000),
+                streamed: false,
+            }))
+        );
+        let mut done = vec![FORMAT_V2, KIND_COMPLETED];
+        done.extend([7; 32]);
+        done.extend(201u16.to_be_bytes());
+        done.push(2);
+        done.extend(1_700_000_000_000u64.to_be_bytes());
+        done.extend(1_700_000_000_250u64.to_be_bytes());
+        done.extend(0u16.to_be_bytes());
+        done.extend(2u32.to_be_bytes());
+        done.extend(b"ok");
+        let Ok(Record::Completed(old)) = Record::decode(done.into()) else {
+            panic!("a format 2 record decodes")
+        };
+        assert_eq!(old.streamed, None);
+        assert!(old.unknown);
+        assert_eq!(old.fingerprint, Fingerprint::from_bytes([7; 32]));
+        let response = old.clear_response().expect("in clear");
+        assert_eq!(response.body, StoredBody::Stored(Bytes::from_static(b"ok")));
     }
 
     proptest! {

@@ -98,6 +98,21 @@ impl Held {
     }
 }
 
+impl Held {
+    /// Holds exactly `n` bytes: grows as [`Held::grow`] does (a counting share always
+    /// can), or gives back what is no longer held. A streamed body's share follows the
+    /// frame in hand this way (docs/behaviour.md §19).
+    pub(crate) fn resize(&mut self, n: u64) -> bool {
+        if n > self.bytes {
+            return self.grow(n - self.bytes);
+        }
+        self.budget.used.dec_by(self.bytes - n);
+        self.bytes = n;
+        self.filled = self.filled.min(n);
+        true
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.budget.used.dec_by(self.bytes);
@@ -132,6 +147,13 @@ mod tests {
             "filling what was reserved takes nothing more"
         );
         assert!(reserved.fill(5));
+        assert_eq!(budget.used(), 35);
+        let mut frame = budget.counting();
+        assert!(frame.resize(20));
+        assert_eq!(budget.used(), 55);
+        assert!(frame.resize(4), "a smaller frame gives back the difference");
+        assert_eq!(budget.used(), 39);
+        drop(frame);
         assert_eq!(budget.used(), 35);
     }
 }

@@ -13,8 +13,8 @@ use super::state::AppState;
 use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::idempotency::{
-    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, decide,
-    retry_after,
+    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, Streamed,
+    decide, retry_after,
 };
 use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
 
@@ -28,6 +28,9 @@ pub(crate) enum Claimed {
     Abandoned(Lease),
     /// A completed response, to send again.
     Replay(Opened),
+    /// A completed streamed request whose up-front fingerprint is this request's: its
+    /// body decides, read to the end, then [`compared`] (docs/behaviour.md §19).
+    Compare(Arc<Completed>),
     /// The store did not answer the first claim, so nothing is known of the key:
     /// `on_unavailable` decides. Never after the key was seen held: see [`claim`].
     Unavailable(StoreError),
@@ -41,7 +44,7 @@ pub(crate) async fn claim<S: Store>(
     state: &Arc<AppState<S>>,
     policy: &Policy,
     (key, scope): (ScopedKey, Option<ScopeId>),
-    fingerprint: Fingerprint,
+    (fingerprint, streamed): (Fingerprint, bool),
     ttl: Duration,
 ) -> Result<Claimed, ProxyError> {
     let mut waiter = Waiter::default();
@@ -58,6 +61,7 @@ pub(crate) async fn claim<S: Store>(
             token: OwnerToken::random(),
             lease: policy.lease,
             ttl,
+            streamed,
         };
         let (record, now_ms) = match state.store.claim(claim).await {
             Ok(Claim::Acquired(lease)) => return Ok(Claimed::Owned(lease)),
@@ -81,12 +85,16 @@ pub(crate) async fn claim<S: Store>(
         let decision = decide(
             &record,
             &fingerprint,
+            streamed,
             now_ms,
             policy.on_concurrent,
             policy.on_unknown_outcome,
         );
         match decision {
-            Decision::Replay(completed) => return opened(state, key, completed),
+            Decision::Replay(completed) => {
+                return opened(state, key, completed).map(Claimed::Replay);
+            }
+            Decision::Compare(completed) => return Ok(Claimed::Compare(completed)),
             Decision::Reject(rejection) => return Err(rejection.into()),
             Decision::Wait { lease_left } => waiter.wait(state, policy, key, lease_left).await?,
             Decision::TakeOver { stale, then } => {
@@ -108,9 +116,9 @@ fn opened<S: Store>(
     state: &AppState<S>,
     key: ScopedKey,
     completed: Arc<Completed>,
-) -> Result<Claimed, ProxyError> {
+) -> Result<Opened, ProxyError> {
     match Keyring::open(state.keyring.as_ref(), &key, completed) {
-        Ok(opened) => Ok(Claimed::Replay(opened)),
+        Ok(opened) => Ok(opened),
         Err(err) => {
             tracing::error!(
                 record = %format_args!("{}{}", state.config.store.key_prefix, key.to_hex()),
@@ -122,6 +130,18 @@ fn opened<S: Store>(
             Err(ProxyError::StoreUnavailable(StoreError::Undecryptable(err)))
         }
     }
+}
+
+/// The record of [`Claimed::Compare`], now that the request's body hashed to `full`:
+/// opened to replay when it is the same request, else refused (docs/behaviour.md §19).
+pub(crate) fn compared<S: Store>(
+    state: &AppState<S>,
+    key: ScopedKey,
+    completed: Arc<Completed>,
+    full: &Fingerprint,
+) -> Result<Opened, ProxyError> {
+    crate::idempotency::compared(&completed, full)?;
+    opened(state, key, completed)
 }
 
 /// `409 in-flight`, its `Retry-After` the holder's `lease_left` rounded up
@@ -162,7 +182,14 @@ async fn take_over<S: Store>(
                         record: Arc::new(state.seal(
                             &lease.key,
                             stamped(
-                                abandoned_record(&state.config.errors, claim.fingerprint),
+                                abandoned_record(
+                                    &state.config.errors,
+                                    claim.fingerprint,
+                                    claim.streamed.then_some(Streamed {
+                                        upfront: claim.fingerprint,
+                                        whole: false,
+                                    }),
+                                ),
                                 &lease,
                                 lease.claimed_at_ms,
                             ),

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::Response;
 use http::header::{CONTENT_LENGTH, DATE, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -27,15 +28,41 @@ use super::reply::{
     replay_response, unknown_record,
 };
 use super::state::{AppState, Live, PolicyId};
+use super::upload::{Ending, Upload};
 use super::upstream::{self, Failure, upstream_request};
 use crate::config::{OnUnknownOutcome, Policy};
 use crate::error::ProxyError;
 use crate::failpoint;
-use crate::idempotency::{Completed, Fingerprint, IdempotencyKey, Kept, ScopedKey, StoredBody};
+use crate::idempotency::{
+    Completed, Fingerprint, IdempotencyKey, Kept, ScopedKey, StoredBody, Streamed,
+};
 use crate::metrics::{Outcome, Reconciled};
 use crate::store::{Lease, Store};
 
-/// A buffered request with a valid key: what the exchange forwards.
+/// A guarded request's body: read whole, or streamed (docs/behaviour.md §19).
+#[derive(Debug)]
+pub(crate) enum Payload {
+    Buffered(Bytes),
+    /// Boxed: the buffered requests, the many, move a small `Guarded` around.
+    Streamed(Box<Upload>),
+}
+
+impl Payload {
+    /// Whether the request's fingerprint is the up-front one of a streamed body.
+    pub(crate) fn streamed(&self) -> bool {
+        matches!(self, Payload::Streamed(_))
+    }
+
+    /// The body to forward.
+    pub(crate) fn into_body(self) -> ProxyBody {
+        match self {
+            Payload::Buffered(bytes) => ProxyBody::full(bytes),
+            Payload::Streamed(upload) => ProxyBody::Boxed((*upload).boxed_unsync()),
+        }
+    }
+}
+
+/// A request with a valid key, its body read or on its way: what the exchange forwards.
 #[derive(Debug)]
 pub(crate) struct Guarded {
     pub(crate) scoped: ScopedKey,
@@ -44,9 +71,10 @@ pub(crate) struct Guarded {
     pub(crate) key: Option<IdempotencyKey>,
     /// How long the record is kept: `ttl`, or a `fingerprint` key's window.
     pub(crate) ttl: Duration,
+    /// The fingerprint; of a streamed body, the up-front one.
     pub(crate) fingerprint: Fingerprint,
     pub(crate) parts: Parts,
-    pub(crate) body: Bytes,
+    pub(crate) body: Payload,
     pub(crate) peer: SocketAddr,
     /// The body's share of `max_buffered_bytes`, given back when the exchange ends.
     pub(crate) held: Held,
@@ -97,20 +125,21 @@ async fn exchange<S: Store>(
         }
         _ => None,
     };
+    // How a streamed body ended, once it has.
+    let ending = match &body {
+        Payload::Buffered(_) => None,
+        Payload::Streamed(upload) => Some(upload.ending()),
+    };
     // How the key is settled if the exchange fails.
-    let settle = Settle {
+    let mut settle = Settle {
         policy,
         fingerprint,
+        streamed: None,
         ttl,
         lookup,
         peer,
     };
-    let request = upstream_request(
-        &live.config.upstream.url,
-        parts,
-        peer,
-        ProxyBody::full(body),
-    );
+    let request = upstream_request(&live.config.upstream.url, parts, peer, body.into_body());
     let started = Instant::now();
     let sent = lease
         .renewing(upstream::send(live.client(), request, deadline))
@@ -131,6 +160,14 @@ async fn exchange<S: Store>(
         Ok(response) => response.into_parts(),
         Err(failure) => {
             state.metrics.observe_upstream(started.elapsed());
+            // The client's body was cut short: the upstream request was aborted before it
+            // was whole, so it is not the request the key names; nothing is recorded
+            // (docs/behaviour.md §19).
+            if let Some(cut) = ending.as_ref().and_then(Ending::cut) {
+                lease.release().await;
+                return Err(cut.error());
+            }
+            settle.ended(fingerprint, ending.as_ref());
             return Box::pin(failed(state, live, lease, settle, failure)).await;
         }
     };
@@ -155,17 +192,23 @@ async fn exchange<S: Store>(
         ))
         .await;
     state.metrics.observe_upstream(started.elapsed());
+    // An upstream that answered before reading the whole body has its answer recorded
+    // under what was known up front (docs/behaviour.md §19).
+    settle.ended(fingerprint, ending.as_ref());
     let (stored, to_client) = match read {
         Ok(capped) => kept(capped),
         Err(failure) => return Box::pin(failed(state, live, lease, settle, failure)).await,
     };
     failpoint::hit(failpoint::AFTER_FORWARD);
-    let record = Completed::clear(
-        fingerprint,
-        head.status,
-        stored_headers(&head.headers, policy),
-        stored,
-    );
+    let record = Completed {
+        streamed: settle.streamed,
+        ..Completed::clear(
+            settle.fingerprint,
+            head.status,
+            stored_headers(&head.headers, policy),
+            stored,
+        )
+    };
     let outcome = lease.complete(record, ttl).await;
     failpoint::hit(failpoint::AFTER_RECORD);
     Ok(Reply::new(outcome, Response::from_parts(head, to_client)))
@@ -190,10 +233,28 @@ fn kept(capped: Capped<Incoming>) -> (StoredBody, ProxyBody) {
 /// What settling a failed exchange needs of it.
 struct Settle<'p> {
     policy: &'p Policy,
+    /// What the record is stored under: the request's fingerprint, or of a streamed
+    /// one, see [`Settle::ended`].
     fingerprint: Fingerprint,
+    streamed: Option<Streamed>,
     ttl: Duration,
     lookup: Option<Lookup<'p>>,
     peer: SocketAddr,
+}
+
+impl Settle<'_> {
+    /// A streamed request's record is stored under its full fingerprint when the body
+    /// went by whole, else under the `upfront` one, and only that is compared then
+    /// (docs/behaviour.md §19).
+    fn ended(&mut self, upfront: Fingerprint, ending: Option<&Ending>) {
+        let Some(ending) = ending else { return };
+        let (fingerprint, whole) = match ending.whole() {
+            Some(full) => (full, true),
+            None => (upfront, false),
+        };
+        self.fingerprint = fingerprint;
+        self.streamed = Some(Streamed { upfront, whole });
+    }
 }
 
 /// The exchange failed: settle the key as its life says (docs/behaviour.md §4), asking
@@ -212,6 +273,7 @@ async fn failed<S: Store>(
     let Settle {
         policy,
         fingerprint,
+        streamed,
         ttl,
         lookup,
         peer,
@@ -226,18 +288,27 @@ async fn failed<S: Store>(
             let settle = Settle {
                 policy,
                 fingerprint,
+                streamed,
                 ttl,
                 lookup: None,
                 peer,
             };
             match reconciled(state, live, lease, &lookup, &settle).await {
                 Ok(settled) => return settled,
-                Err(lease) => record_unknown(state, lease, &err, fingerprint, ttl).await,
+                Err(lease) => record_unknown(state, lease, &err, &settle).await,
             }
         }
         // The upstream may have executed it: retries get this same answer.
         (_, OnUnknownOutcome::Record, _) => {
-            record_unknown(state, lease, &err, fingerprint, ttl).await;
+            let settle = Settle {
+                policy,
+                fingerprint,
+                streamed,
+                ttl,
+                lookup: None,
+                peer,
+            };
+            record_unknown(state, lease, &err, &settle).await;
         }
     }
     Err(err)
@@ -271,7 +342,10 @@ async fn reconciled<S: Store>(
             mark_reconciled(&mut head.headers);
             let (stored, to_client) = kept(capped);
             let headers = stored_headers(&head.headers, settle.policy);
-            let record = Completed::clear(settle.fingerprint, head.status, headers, stored);
+            let record = Completed {
+                streamed: settle.streamed,
+                ..Completed::clear(settle.fingerprint, head.status, headers, stored)
+            };
             let outcome = lease.complete(record, settle.ttl).await;
             Ok(Ok(Reply::new(
                 outcome,
@@ -300,12 +374,16 @@ async fn record_unknown<S: Store>(
     state: &AppState<S>,
     lease: LeaseGuard<S>,
     err: &ProxyError,
-    fingerprint: Fingerprint,
-    ttl: Duration,
+    settle: &Settle<'_>,
 ) {
-    let record = unknown_record(&err.problem(), &state.config.errors, fingerprint);
+    let record = unknown_record(
+        &err.problem(),
+        &state.config.errors,
+        settle.fingerprint,
+        settle.streamed,
+    );
     // The count is outcome_unknown whether or not the record could be kept.
-    let _ = lease.complete(record, ttl).await;
+    let _ = lease.complete(record, settle.ttl).await;
 }
 
 /// A crashed owner's marker was taken over under `on_unknown_outcome: record`: under
@@ -317,15 +395,21 @@ pub(crate) async fn record_abandoned<S: Store>(
     live: &Live,
     policy: &Policy,
     lease: Lease,
-    req: &Guarded,
+    req: Guarded,
 ) -> Reply {
     let (fingerprint, ttl) = (req.fingerprint, req.ttl);
+    // A streamed request's body is never read here: only its up-front fingerprint counts.
+    let streamed = req.body.streamed().then_some(Streamed {
+        upfront: fingerprint,
+        whole: false,
+    });
     let mut lease = LeaseGuard::new(state, lease, policy.lease);
     if let (Some(reconcile), Some(key)) = (&policy.reconcile, req.key.clone()) {
         let lookup = Lookup::capture(reconcile, key, &req.parts.headers);
         let settle = Settle {
             policy,
             fingerprint,
+            streamed,
             ttl,
             lookup: None,
             peer: req.peer,
@@ -347,6 +431,7 @@ pub(crate) async fn record_abandoned<S: Store>(
         kept: Kept::Clear(stored),
         times: None,
         unknown: true,
+        streamed,
     };
     let _ = lease.complete(record, ttl).await;
     Reply::new(Outcome::OutcomeUnknown, response)

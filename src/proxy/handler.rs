@@ -13,14 +13,16 @@ use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Request, Response, Uri};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 
 use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_capped};
 use super::budget::Held;
 use super::claim::{self, Claimed};
-use super::exchange::{self, Guarded};
+use super::exchange::{self, Guarded, Payload};
 use super::reply::{Reply, finish, replay_response};
 use super::state::{AppState, Live, PolicyId};
+use super::streamed::{self, Streaming};
+use super::upload;
 use super::upstream::{self, upstream_request};
 use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
@@ -123,7 +125,22 @@ async fn route<S: Store, B: RequestBody>(
     // Before the body is read: a refused credential costs no buffering.
     let principal = principal(live, id, policy, req.headers()).await?;
     let principal = principal.as_ref();
-    let read = read_body(state, live, policy, req).await?;
+    let read = match (read_body(state, live, policy, req, &found).await?, found) {
+        (Loaded::Whole(read), found) => (read, found),
+        // Too large to buffer: claimed with what is known up front (docs/behaviour.md §19).
+        (Loaded::Streamed(streaming), Found::Key(source, key)) => {
+            let req =
+                streamed::guard_streamed(state, policy, streaming, peer, principal, source, key);
+            return claimed(state, live, id, (policy, principal), req, scoped_key).await;
+        }
+        // `Policy::streams` lets only a key found in the head stream.
+        (Loaded::Streamed(_), _) => {
+            return Err(ProxyError::BodyTooLarge {
+                limit: policy.max_request_body,
+            });
+        }
+    };
+    let (read, found) = read;
     // Parsed at most once, for the key and the fingerprint alike.
     let bytes = read.body.clone();
     let body = Body::new(&bytes);
@@ -156,6 +173,18 @@ async fn route<S: Store, B: RequestBody>(
             return Box::pin(keyless(state, live, policy, req, peer)).await;
         }
     };
+    claimed(state, live, id, (policy, principal), req, scoped_key).await
+}
+
+/// Claims a guarded request's key, and goes where the claim says.
+async fn claimed<S: Store>(
+    state: &Arc<AppState<S>>,
+    live: &Live,
+    id: PolicyId,
+    (policy, principal): (&Policy, Option<&Principal>),
+    req: Guarded,
+    scoped_key: &mut Option<ScopedKey>,
+) -> Result<Next, ProxyError> {
     *scoped_key = Some(req.scoped);
     // Hashed only when a quota needs it (docs/behaviour.md §17).
     let scope = state
@@ -163,17 +192,20 @@ async fn route<S: Store, B: RequestBody>(
         .store
         .max_entries_per_scope
         .map(|_| policy.scope_id(&req.parts.headers, principal));
-    let claimed =
-        claim::claim(state, policy, (req.scoped, scope), req.fingerprint, req.ttl).await?;
+    let fingerprint = (req.fingerprint, req.body.streamed());
+    let claimed = claim::claim(state, policy, (req.scoped, scope), fingerprint, req.ttl).await?;
     let next = match claimed {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
         Claimed::Abandoned(lease) => Next::Answer(
-            Box::pin(exchange::record_abandoned(state, live, policy, lease, &req)).await,
+            Box::pin(exchange::record_abandoned(state, live, policy, lease, req)).await,
         ),
         Claimed::Replay(completed) => Next::Answer(Reply::new(
             Outcome::Replayed,
             replay_response(completed.response(), policy),
         )),
+        Claimed::Compare(completed) => {
+            Next::Answer(Box::pin(streamed::compare(state, live, policy, req, completed)).await?)
+        }
         Claimed::Unavailable(err) => {
             Next::Answer(Box::pin(store_unavailable(state, live, err, req)).await?)
         }
@@ -255,19 +287,30 @@ impl Read {
     }
 }
 
+/// A guarded request's body as [`read_body`] left it.
+enum Loaded {
+    Whole(Read),
+    Streamed(Streaming),
+}
+
 /// Reads a guarded body whole, before anything is claimed; a client that stalls for
 /// `listen_body_timeout`, or trickles it for longer than the upstream would get, is
-/// answered 408, holding no claim.
+/// answered 408, holding no claim. Under `stream_request_body`, a body too large to
+/// buffer is left to stream instead, behind what was read of it.
 async fn read_body<S: Store, B: RequestBody>(
     state: &AppState<S>,
     live: &Live,
     policy: &Policy,
     req: Request<B>,
-) -> Result<Read, ProxyError> {
+    found: &Found<'_>,
+) -> Result<Loaded, ProxyError> {
     let limit = policy.max_request_body;
     let length = content_length(req.headers());
     if length.is_some_and(|len| len > limit) {
-        return Err(ProxyError::BodyTooLarge { limit });
+        if !policy.streams(found) {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+        return streamed::streaming(state, live, policy, req, length).map(Loaded::Streamed);
     }
     // Bytes are taken from `max_buffered_bytes` as they arrive, not as announced: a few
     // connections declaring large bodies they never send must not starve every other
@@ -285,10 +328,21 @@ async fn read_body<S: Store, B: RequestBody>(
             Stalled::Body(err) => ProxyError::BadRequestBody(err.into()),
         })? {
         Capped::Complete(body) => body,
+        Capped::Overflow { prefix, rest } if policy.streams(found) => {
+            // A chunked body that outgrew the buffer: what was read goes first.
+            let body = upload::Parts {
+                prefix: Some((prefix, held)),
+                rest: rest.map_err(streamed::boxed_stall).boxed_unsync(),
+                declared: None,
+                limit: policy.max_streamed_body,
+                held: state.budget.counting(),
+            };
+            return Ok(Loaded::Streamed(Streaming { parts, body }));
+        }
         Capped::Overflow { .. } => return Err(ProxyError::BodyTooLarge { limit }),
         Capped::OverBudget => return Err(ProxyError::Overloaded),
     };
-    Ok(Read { parts, body, held })
+    Ok(Loaded::Whole(Read { parts, body, held }))
 }
 
 /// Fingerprints a read request and addresses its record: under its key and source, or,
@@ -326,7 +380,7 @@ fn guard(
         ttl: policy.record_ttl(source),
         fingerprint,
         parts,
-        body,
+        body: Payload::Buffered(body),
         peer,
         held,
     }
@@ -385,8 +439,7 @@ async fn store_unavailable<S: Store>(
         OnUnavailable::PassThrough => {
             tracing::warn!(error = %err, "store unavailable: forwarding without idempotency");
             let response =
-                forward_unguarded(state, live, req.parts, ProxyBody::full(req.body), req.peer)
-                    .await?;
+                forward_unguarded(state, live, req.parts, req.body.into_body(), req.peer).await?;
             Ok(Reply::new(Outcome::StoreBypassed, response))
         }
     }

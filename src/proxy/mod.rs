@@ -9,7 +9,8 @@
 //! 2. `listen.rs`: [`serve`], the accept loop, and the deadlines of a connection;
 //! 3. `handler.rs`: policy, key, body, fingerprint; pass-through or guarded;
 //!    `view.rs` gives it one view of the request (the method, the `Host` checks),
-//!    `upgrade.rs` passes upgrades through;
+//!    `upgrade.rs` passes upgrades through, `streamed.rs` claims and compares a body
+//!    too large to buffer;
 //! 4. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
 //! 5. `exchange.rs`: forward once and record (on its own task if the client leaves,
 //!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
@@ -19,7 +20,8 @@
 //!    policy ids;
 //! 9. `upstream.rs`: the pooled client, `send`, header rewriting (`connector.rs`: TLS);
 //!    `jwks.rs` reads a `jwks_url` with the same TLS;
-//! 10. `body.rs`: body types; `budget.rs`: `max_buffered_bytes`.
+//! 10. `body.rs`: body types; `upload.rs`: a streamed request body, hashed as it goes;
+//!     `budget.rs`: `max_buffered_bytes`.
 
 mod body;
 mod budget;
@@ -35,7 +37,9 @@ mod reconcile;
 pub mod reload;
 mod reply;
 mod state;
+mod streamed;
 mod upgrade;
+mod upload;
 mod upstream;
 mod view;
 mod workers;

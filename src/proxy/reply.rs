@@ -10,7 +10,7 @@ use super::body::ProxyBody;
 use super::state::AppState;
 use crate::config::{ErrorsConfig, Policy};
 use crate::error::{Problem, ProxyError, UnknownCause};
-use crate::idempotency::{Completed, Fingerprint, Kept, StoredBody, StoredResponse};
+use crate::idempotency::{Completed, Fingerprint, Kept, StoredBody, StoredResponse, Streamed};
 use crate::metrics::Outcome;
 
 pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -108,12 +108,14 @@ pub(crate) fn unknown_record(
     problem: &Problem,
     errors: &ErrorsConfig,
     fingerprint: Fingerprint,
+    streamed: Option<Streamed>,
 ) -> Completed {
     Completed {
         fingerprint,
         kept: Kept::Clear(problem_stored(problem, errors)),
         times: None,
         unknown: true,
+        streamed,
     }
 }
 
@@ -126,12 +128,17 @@ fn problem_stored(problem: &Problem, errors: &ErrorsConfig) -> StoredResponse {
 }
 
 /// The record of a key whose owner crashed before recording (docs/behaviour.md §4).
-pub(crate) fn abandoned_record(errors: &ErrorsConfig, fingerprint: Fingerprint) -> Completed {
+pub(crate) fn abandoned_record(
+    errors: &ErrorsConfig,
+    fingerprint: Fingerprint,
+    streamed: Option<Streamed>,
+) -> Completed {
     Completed {
         fingerprint,
         kept: Kept::Clear(abandoned_response(errors)),
         times: None,
         unknown: true,
+        streamed,
     }
 }
 

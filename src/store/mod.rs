@@ -42,6 +42,9 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// How long the record (marker, then completed response) is kept.
     pub ttl: Duration,
+    /// The request's body is streamed (docs/behaviour.md §19): `fingerprint` is its
+    /// up-front fingerprint, and the marker says so.
+    pub streamed: bool,
 }
 
 impl ClaimRequest {
@@ -52,6 +55,7 @@ impl ClaimRequest {
             token: self.token,
             lease_deadline_ms: now_ms + millis(self.lease),
             claimed_at_ms: Some(now_ms),
+            streamed: self.streamed,
         }
     }
 

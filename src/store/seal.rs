@@ -113,6 +113,7 @@ impl Keyring {
             }),
             times: record.times,
             unknown: record.unknown,
+            streamed: record.streamed,
         }
     }
 

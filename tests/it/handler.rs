@@ -106,6 +106,7 @@ async fn marker(
         token: OwnerToken::random(),
         lease,
         ttl: Duration::from_secs(3600),
+        streamed: false,
     };
     match state.store.claim(claim).await.expect("claim") {
         Claim::Acquired(lease) => lease,

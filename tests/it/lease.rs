@@ -48,6 +48,7 @@ async fn crashed_owner<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) {
         token: OwnerToken::random(),
         lease: Duration::ZERO,
         ttl: policy.ttl,
+        streamed: false,
     };
     let _ = proxy.state.store.claim(claim).await.expect("claim");
 }

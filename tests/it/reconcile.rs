@@ -264,6 +264,7 @@ async fn a_crashed_owners_key_is_settled_by_the_lookup_when_a_retry_takes_it_ove
         token: OwnerToken::random(),
         lease: Duration::from_millis(1),
         ttl: Duration::from_secs(3600),
+        streamed: false,
     };
     let Claim::Acquired(_) = proxy.state.store.claim(claim).await.expect("claim") else {
         panic!("the key was free")

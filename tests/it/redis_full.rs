@@ -37,6 +37,7 @@ fn req(n: u8) -> ClaimRequest {
         token: OwnerToken::random(),
         lease: Duration::from_secs(30),
         ttl: Duration::from_secs(60),
+        streamed: false,
     }
 }
 

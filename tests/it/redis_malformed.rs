@@ -46,6 +46,7 @@ fn req() -> ClaimRequest {
         token: OwnerToken::random(),
         lease: Duration::from_secs(30),
         ttl: Duration::from_secs(60),
+        streamed: false,
     }
 }
 

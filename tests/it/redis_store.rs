@@ -45,6 +45,7 @@ fn req(key: ScopedKey) -> ClaimRequest {
         token: OwnerToken::random(),
         lease: LEASE,
         ttl: Duration::from_secs(60),
+        streamed: false,
     }
 }
 

@@ -33,6 +33,7 @@ trait Harness {
             token,
             lease: self.lease(),
             ttl: self.ttl(),
+            streamed: false,
         }
     }
 
@@ -711,6 +712,7 @@ mod memory_bounds {
                 token: OwnerToken::random(),
                 lease: LEASE,
                 ttl: TTL,
+                streamed: false,
             };
             let Claim::Acquired(lease) = s.claim(req).await.expect("claim") else {
                 panic!("fresh key")

@@ -102,6 +102,7 @@ async fn an_expired_marker_becomes_a_recorded_outcome_unknown() {
         token: OwnerToken::random(),
         lease: Duration::ZERO,
         ttl: policy.ttl,
+        streamed: false,
     };
     let _ = proxy.state.store.claim(claim).await.expect("claim");
     let c = proxy.client();

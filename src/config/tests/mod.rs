@@ -324,6 +324,8 @@ fn every_key_can_be_overridden() {
             ),
         ],
         max_request_body: 64 * 1024,
+        stream_request_body: false,
+        max_streamed_body: 1 << 30,
         max_response_body: 2_000_000,
     };
     assert_eq!(config.idempotency, expected);

@@ -30,6 +30,7 @@ fn req(k: u32) -> ClaimRequest {
         token: OwnerToken::random(),
         lease: LEASE,
         ttl: TTL,
+        streamed: false,
     }
 }
 

@@ -27,6 +27,7 @@ fn req(k: u8) -> ClaimRequest {
         token: OwnerToken::random(),
         lease: LEASE,
         ttl: TTL,
+        streamed: false,
     }
 }
 

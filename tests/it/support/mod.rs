@@ -15,6 +15,7 @@ pub mod pki;
 pub mod redis;
 pub mod servers;
 pub mod stall;
+pub mod uploads;
 pub mod upstream;
 
 /// The toy backend of the demo, as the compose and demo tests run it.

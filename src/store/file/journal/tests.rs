@@ -543,6 +543,7 @@ fn a_put_encoded_from_a_record_is_the_put_of_its_encoding() {
         token: OwnerToken::random(),
         lease_deadline_ms: 42,
         claimed_at_ms: Some(7),
+        streamed: true,
     });
     let completed = Record::Completed(std::sync::Arc::new(Completed::clear(
         Fingerprint::from_bytes([4; 32]),
