@@ -40,6 +40,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::failpoint;
@@ -478,16 +479,16 @@ impl Journal {
     fn preallocate(&mut self, end: u64) -> io::Result<()> {
         let to = end.div_ceil(PREALLOCATE).max(1) * PREALLOCATE;
         let zeros = vec![0u8; usize::try_from(to - self.allocated).unwrap_or(usize::MAX)];
-        self.file.seek(SeekFrom::Start(self.allocated))?;
+        self.file.write_all_at(&zeros, self.allocated)?;
         self.allocated = to;
-        self.file.write_all(&zeros)?;
         self.syncs += 1;
         self.file.sync_data()
     }
 
+    /// Writes the frames in hand at the journal's end: one positioned write (`pwrite`),
+    /// not a seek and a write (BENCHMARKS.md, issue 29).
     fn write_scratch(&mut self) -> io::Result<()> {
-        self.file.seek(SeekFrom::Start(self.len))?;
-        self.file.write_all(&self.scratch)?;
+        self.file.write_all_at(&self.scratch, self.len)?;
         failpoint::hit(failpoint::DURING_FLUSH);
         if failpoint::fails(failpoint::DURING_FLUSH) || self.injected_failure() {
             return Err(io::Error::other("fail point: the flush failed"));
@@ -583,10 +584,9 @@ impl Journal {
         // the store must still find out that there is room for the next one.
         let zeros = vec![0u8; usize::try_from(bytes.clamp(1, PROBE_MOST)).unwrap_or(1)];
         self.tail_dirty = true;
-        self.file.seek(SeekFrom::Start(self.len))?;
         let written = self
             .file
-            .write_all(&zeros)
+            .write_all_at(&zeros, self.len)
             .and_then(|()| self.file.sync_data());
         self.file.set_len(self.len)?;
         self.tail_dirty = false;
