@@ -6,7 +6,7 @@
 use idemgate::config::Config;
 
 use crate::support::bin::{TempConfig, idemgate, run};
-use crate::support::uploads::{Generated, UploadServer, small, upload};
+use crate::support::uploads::{Generated, UploadServer, answered_half_way, small, upload};
 use crate::support::{Proxy, Upstream};
 
 /// Bodies over 1 KiB stream, up to 8 KiB: every body below fits the sockets' buffers, so
@@ -102,6 +102,31 @@ async fn an_early_answer_is_recorded_and_replayed() {
     let replay = upload(proxy.addr, "/early", "e", body).await;
     assert_eq!(replay.status, 401);
     assert!(replay.replayed());
+    assert_eq!(up.received().len(), 1, "executed once");
+    proxy.stop().await;
+}
+
+/// An upstream that answers while the body is still arriving never saw it whole: the
+/// record is kept under the up-front fingerprint (method, path, declared length, ...),
+/// and a retry is compared on that alone.
+#[tokio::test]
+async fn an_answer_before_the_body_arrived_is_kept_under_the_upfront_fingerprint() {
+    let up = UploadServer::start().await;
+    let config =
+        Config::from_yaml_str(&YAML.replace("{upstream}", &up.url()), &|_| None).expect("config");
+    let proxy = Proxy::with_config(config).await;
+    let body = Generated::new(6000);
+    // 2000 bytes: past `max_request_body`, so streamed, and far from the end.
+    let status = answered_half_way(proxy.addr, "/early", "h", body, 2000).await;
+    assert!(status.starts_with("HTTP/1.1 401"), "{status}");
+    let other_body = upload(proxy.addr, "/early", "h", body.last_byte_changed()).await;
+    assert_eq!(other_body.status, 401, "{}", other_body.text());
+    assert!(
+        other_body.replayed(),
+        "only the up-front fingerprint is compared"
+    );
+    let other_length = upload(proxy.addr, "/early", "h", Generated::new(5000)).await;
+    assert_eq!(other_length.status, 422, "{}", other_length.text());
     assert_eq!(up.received().len(), 1, "executed once");
     proxy.stop().await;
 }

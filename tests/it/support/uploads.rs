@@ -239,6 +239,46 @@ pub async fn abandon(addr: SocketAddr, path: &str, key: &str, body: Generated, s
     drop(stream);
 }
 
+/// Declares `body`'s whole length, sends `sent` bytes of it, then reads the answer
+/// before sending any more: a client whose upload was answered while it was still
+/// sending. Returns the answer's status line.
+pub async fn answered_half_way(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    body: Generated,
+    sent: u64,
+) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut stream = TcpStream::connect(addr).await.expect("connect to idemgate");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: {key}\r\n\
+         content-type: application/pdf\r\ncontent-length: {}\r\n\r\n",
+        body.len
+    );
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    let mut frames = body.body(Some(sent));
+    while let Some(frame) = frames.frame().await {
+        let Ok(data) = frame.expect("infallible").into_data() else {
+            continue;
+        };
+        stream.write_all(&data).await.expect("write body");
+    }
+    stream.flush().await.expect("flush");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        let n = stream.read(&mut buf).await.expect("read the answer");
+        assert!(n > 0, "closed before answering: {answer:?}");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let line = answer
+        .split(|&b| b == b'\r')
+        .next()
+        .expect("split yields at least one part");
+    String::from_utf8_lossy(line).into_owned()
+}
+
 /// One request as the upstream received it.
 #[derive(Debug, Clone)]
 pub struct Received {
