@@ -23,6 +23,7 @@ use bytes::Bytes;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
 use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
@@ -162,6 +163,26 @@ pub struct RedisStore {
     replicas: replicas::Replicas,
 }
 
+/// Every connection to Redis, the sentinels' included, sends each command at once, as
+/// redis-py and Jedis do: redis-rs leaves Nagle's algorithm on, which holds a small write
+/// behind an unacknowledged one until its ACK arrives, up to a delayed ACK's 40 ms on a
+/// real network. On loopback it changed nothing measurable (BENCHMARKS.md, issue 29).
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
+/// How a single server is reached: RESP3 (for the waiters' pushes), no Nagle.
+fn direct_info(url: &str) -> Result<redis::ConnectionInfo, StoreError> {
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(unavailable)?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Ok(info
+        .set_redis_settings(settings)
+        .set_tcp_settings(tcp_settings()))
+}
+
 /// How a single server (or the master Sentinel names) is reached, but for the push sender.
 fn manager_config(timeout: Duration, response_timeout: Duration) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
@@ -215,6 +236,7 @@ impl RedisStore {
                 .connection_timeout(config.timeout)
                 .response_timeout(response_timeout)
                 .retries(2)
+                .tcp_settings(tcp_settings())
                 .build()
                 .map_err(unavailable)?;
             Backend::Direct(PerWorker::new(workers, |_| {
@@ -236,13 +258,7 @@ impl RedisStore {
                 .urls
                 .first()
                 .map_or("redis://127.0.0.1:6379/0", String::as_str);
-            let mut info =
-                redis::IntoConnectionInfo::into_connection_info(url).map_err(unavailable)?;
-            let settings = info
-                .redis_settings()
-                .clone()
-                .set_protocol(ProtocolVersion::RESP3);
-            info = info.set_redis_settings(settings);
+            let info = direct_info(url)?;
             let client = redis::Client::open(info).map_err(unavailable)?;
             let manager_config =
                 manager_config(config.timeout, response_timeout).set_push_sender(sender);
@@ -593,6 +609,16 @@ mod tests {
                 "{warning}"
             );
         }
+    }
+
+    #[test]
+    fn a_direct_connection_speaks_resp3_without_nagle_and_keeps_the_url() {
+        let info = direct_info("redis://:secret@127.0.0.1:6390/3").expect("a valid URL");
+        assert!(info.tcp_settings().nodelay());
+        let redis = info.redis_settings();
+        assert_eq!(redis.protocol(), ProtocolVersion::RESP3);
+        assert_eq!(redis.db(), 3);
+        assert_eq!(redis.password(), Some("secret"));
     }
 
     #[test]

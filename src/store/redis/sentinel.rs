@@ -98,7 +98,9 @@ impl Master {
                 let info = url.as_str().into_connection_info()?;
                 // Sentinels have no databases: the number is the master's.
                 let settings = info.redis_settings().clone().set_db(0);
-                Ok(info.set_redis_settings(settings))
+                Ok(info
+                    .set_redis_settings(settings)
+                    .set_tcp_settings(super::tcp_settings()))
             })
             .collect::<Result<Vec<_>, RedisError>>()
             .map_err(unavailable)?;
@@ -112,8 +114,9 @@ impl Master {
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let mut node =
-            SentinelNodeConnectionInfo::default().set_redis_connection_info(master_settings);
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(master_settings)
+            .set_tcp_settings(super::tcp_settings());
         if let ConnectionAddr::TcpTls { insecure, .. } = first.addr() {
             node = node.set_tls_mode(if *insecure {
                 TlsMode::Insecure
