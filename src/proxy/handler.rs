@@ -14,12 +14,13 @@ use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
+use opentelemetry::context::FutureExt as _;
 
 use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_capped};
 use super::budget::Held;
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded, Payload};
-use super::reply::{Reply, finish, replay_response};
+use super::reply::{Counted, Reply, finish, replay_response};
 use super::state::{AppState, Live, PolicyId};
 use super::streamed::{self, Streaming};
 use super::upload;
@@ -35,6 +36,7 @@ use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
 use crate::principal::{CredentialError, Principal, Verifier};
 use crate::store::{Lease, Store, StoreError};
+use crate::telemetry::{self, Answered};
 
 /// The service function: never fails, every error becomes a problem answer. Generic
 /// over the request body so that tests can drive it without a socket.
@@ -56,13 +58,13 @@ pub async fn handle<S: Store, B: RequestBody>(
     let mut scoped_key = None;
     // The configuration this request runs under to its end, whatever a reload does.
     let live = state.live();
-    let next = route(&state, &live, req, peer, &mut scoped_key).await;
-    let counted = match next {
-        Ok(Next::Exchange { id, lease, req }) => {
-            exchange::execute(&state, live, id, lease, req).await
+    // With no exporter, this one branch is all that traces cost (docs/behaviour.md §20).
+    let counted = match live.telemetry() {
+        None => answer(&state, live, req, peer, &mut scoped_key).await,
+        Some(telemetry) => {
+            let cx = telemetry.server(req.method(), req.uri().path(), req.headers());
+            Box::pin(traced(&state, live, req, peer, &mut scoped_key, cx)).await
         }
-        Ok(Next::Answer(reply)) => finish(&state, Ok(reply)),
-        Err(err) => finish(&state, Err(err)),
     };
     // One line per request. The key appears only as a short prefix of its scoped hash:
     // enough to correlate retries, never the raw key or a credential.
@@ -78,6 +80,51 @@ pub async fn handle<S: Store, B: RequestBody>(
         );
     }
     counted.into_response()
+}
+
+/// The request's answer, forwarded and recorded if the key is its own; counted.
+async fn answer<S: Store, B: RequestBody>(
+    state: &Arc<AppState<S>>,
+    live: Arc<Live>,
+    req: Request<B>,
+    peer: SocketAddr,
+    scoped_key: &mut Option<ScopedKey>,
+) -> Counted {
+    match route(state, &live, req, peer, scoped_key).await {
+        Ok(Next::Exchange { id, lease, req }) => {
+            exchange::execute(state, live, id, lease, req).await
+        }
+        Ok(Next::Answer(reply)) => finish(state, Ok(reply)),
+        Err(err) => finish(state, Err(err)),
+    }
+}
+
+/// [`answer`] inside the request's server span `cx` (docs/behaviour.md §20): the store
+/// and upstream calls find it there, and it ends with the answer's attributes.
+async fn traced<S: Store, B: RequestBody>(
+    state: &Arc<AppState<S>>,
+    live: Arc<Live>,
+    req: Request<B>,
+    peer: SocketAddr,
+    scoped_key: &mut Option<ScopedKey>,
+    cx: opentelemetry::Context,
+) -> Counted {
+    let counted = answer(state, live, req, peer, scoped_key)
+        .with_context(cx.clone())
+        .await;
+    let record_id = scoped_key
+        .as_ref()
+        .map(|key| format!("{}{}", state.config.store.key_prefix, key.to_hex()));
+    telemetry::end_server(
+        &cx,
+        Answered {
+            status: counted.status(),
+            outcome: counted.outcome(),
+            replayed: counted.replayed(),
+            record_id: record_id.as_deref(),
+        },
+    );
+    counted
 }
 
 /// Where a request goes after the handler. Moved once, so the large variant stays

@@ -11,6 +11,7 @@ pub mod fault;
 pub mod jwt;
 pub mod kube;
 pub mod monitor;
+pub mod otlp;
 pub mod pki;
 pub mod redis;
 pub mod servers;

@@ -1,0 +1,394 @@
+//! Traces (docs/behaviour.md §20), against a real OTLP receiver (`support/otlp.rs`): the
+//! spans of a request and their attributes, the trace carried from the client through
+//! idemgate to the upstream, a replay's span, trace headers untouched with no exporter,
+//! a collector that is down or slow, gRPC, and a reload that starts the exporter.
+
+use crate::support;
+
+use idemgate::config::Config;
+use idemgate::proxy::reload::reload;
+use support::bin::TempConfig;
+use support::otlp::{Attr, GotSpan, Receiver};
+use support::{Proxy, Upstream};
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+/// The client's trace, and its span that idemgate's server span is a child of.
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+fn traceparent(trace: &str, span: &str) -> String {
+    format!("00-{trace}-{span}-01")
+}
+
+/// A proxy in front of `up` exporting to `endpoint` over `protocol`.
+async fn traced_proxy(up: &Upstream, endpoint: &str, protocol: &str) -> Proxy {
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\ntelemetry:\n  otlp:\n    endpoint: {endpoint}\n    \
+         protocol: {protocol}\n    service_name: payments-gate\n    headers:\n      \
+         x-tenant: acme\n"
+    );
+    Proxy::start(&yaml, up).await
+}
+
+fn str_attr(span: &GotSpan, key: &str) -> String {
+    match span.attr(key) {
+        Some(Attr::Str(s)) => s.clone(),
+        other => panic!("{}: {key} is {other:?}", span.name),
+    }
+}
+
+/// The trace-context fields of a `traceparent`: trace id, parent span id, flags.
+fn fields(traceparent: &str) -> (String, String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    (parts[1].into(), parts[2].into(), parts[3].into())
+}
+
+#[tokio::test]
+async fn a_guarded_request_is_a_server_span_with_store_and_upstream_children_in_the_clients_trace()
+{
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let answer = proxy
+        .client()
+        .send(
+            "POST",
+            "/charges",
+            &[
+                ("idempotency-key", "k1"),
+                JSON,
+                ("traceparent", &parent),
+                ("tracestate", "vendor=opaque"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(answer.status, 201);
+
+    let server = collector.span(TRACE, "POST").await;
+    let claim = collector.span(TRACE, "store.claim").await;
+    let complete = collector.span(TRACE, "store.complete").await;
+    let upstream = collector.span(TRACE, "upstream").await;
+    assert_eq!(
+        server.parent_span_id, CLIENT_SPAN,
+        "the client's span is the parent"
+    );
+    assert_eq!(server.kind, 2, "a server span");
+    assert_eq!(str_attr(&server, "http.request.method"), "POST");
+    assert_eq!(str_attr(&server, "url.path"), "/charges");
+    assert_eq!(
+        server.attr("http.response.status_code"),
+        Some(&Attr::Int(201))
+    );
+    assert_eq!(str_attr(&server, "idempotency.outcome"), "forwarded");
+    assert_eq!(
+        server.attr("idempotency.replayed"),
+        Some(&Attr::Bool(false))
+    );
+    assert_eq!(
+        str_attr(&server, "idempotency.record_id"),
+        proxy.record_id("/charges", "k1")
+    );
+    assert_eq!(server.service, "payments-gate");
+    assert_eq!(server.transport, "http");
+    assert_eq!(server.headers["x-tenant"], "acme", "the configured headers");
+    for child in [&claim, &complete, &upstream] {
+        assert_eq!(
+            child.parent_span_id, server.span_id,
+            "{} under the server span",
+            child.name
+        );
+    }
+    assert_eq!(upstream.kind, 3, "a client span");
+    assert_eq!(
+        upstream.attr("http.response.status_code"),
+        Some(&Attr::Int(201))
+    );
+
+    // The upstream was called under the upstream call's span, in the client's trace,
+    // with the client's tracestate.
+    let seen = up.seen();
+    let sent = seen[0].headers["traceparent"].to_str().expect("ascii");
+    let (trace, parent_span, flags) = fields(sent);
+    assert_eq!(
+        (trace.as_str(), parent_span.as_str(), flags.as_str()),
+        (TRACE, upstream.span_id.as_str(), "01")
+    );
+    assert_eq!(seen[0].headers["tracestate"], "vendor=opaque");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_replay_is_traced_as_replayed_and_never_carries_the_first_requests_trace_headers() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
+    let c = proxy.client();
+    let first_parent = traceparent(TRACE, CLIENT_SPAN);
+    let first = c
+        .send(
+            "POST",
+            "/charges",
+            &[
+                ("idempotency-key", "k2"),
+                JSON,
+                ("traceparent", &first_parent),
+            ],
+            "{}",
+        )
+        .await;
+    // The upstream echoes the trace context it was called under.
+    assert!(
+        first.headers.contains_key("traceparent"),
+        "{:?}",
+        first.headers
+    );
+
+    let retry_trace = "0af7651916cd43dd8448eb211c80319c";
+    let retry_parent = traceparent(retry_trace, "b7ad6b7169203331");
+    let retry = c
+        .send(
+            "POST",
+            "/charges",
+            &[
+                ("idempotency-key", "k2"),
+                JSON,
+                ("traceparent", &retry_parent),
+            ],
+            "{}",
+        )
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(up.count(), 1, "a replay goes nowhere upstream");
+    assert!(
+        !retry.headers.contains_key("traceparent") && !retry.headers.contains_key("tracestate"),
+        "the first request's trace context is not replayed: {:?}",
+        retry.headers
+    );
+
+    let replay = collector.span(retry_trace, "POST").await;
+    assert_eq!(replay.parent_span_id, "b7ad6b7169203331");
+    assert_eq!(str_attr(&replay, "idempotency.outcome"), "replayed");
+    assert_eq!(replay.attr("idempotency.replayed"), Some(&Attr::Bool(true)));
+    assert_eq!(
+        str_attr(&replay, "idempotency.record_id"),
+        proxy.record_id("/charges", "k2")
+    );
+    let claim = collector.span(retry_trace, "store.claim").await;
+    assert_eq!(claim.parent_span_id, replay.span_id);
+    assert!(
+        !collector
+            .spans()
+            .iter()
+            .any(|s| s.trace_id == retry_trace && s.name == "upstream"),
+        "no upstream call in the replay's trace"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn passed_through_requests_get_a_server_span_without_idempotency_attributes() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
+    let answer = proxy.client().send("GET", "/status/503", &[], "").await;
+    assert_eq!(answer.status, 503);
+    collector
+        .wait_until("a GET span", |r| r.spans().iter().any(|s| s.name == "GET"))
+        .await;
+    let spans = collector.spans();
+    let server = spans.iter().find(|s| s.name == "GET").expect("server span");
+    assert_eq!(server.parent_span_id, "", "no traceparent: a root span");
+    assert_eq!(
+        server.attr("http.response.status_code"),
+        Some(&Attr::Int(503))
+    );
+    assert_eq!(server.status, 2, "a 5xx is an error");
+    assert!(
+        server
+            .attributes
+            .keys()
+            .all(|k| !k.starts_with("idempotency.")),
+        "{:?}",
+        server.attributes
+    );
+    let upstream = collector.span(&server.trace_id, "upstream").await;
+    assert_eq!(upstream.parent_span_id, server.span_id);
+    let sent = up.seen()[0].headers["traceparent"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert_eq!(fields(&sent).1, upstream.span_id);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn without_an_exporter_trace_headers_pass_through_unchanged() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(support::BASIC, &up).await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    for (method, key) in [("POST", Some("k3")), ("GET", None)] {
+        let mut headers = vec![
+            JSON,
+            ("traceparent", parent.as_str()),
+            ("tracestate", "vendor=opaque"),
+        ];
+        if let Some(key) = key {
+            headers.push(("idempotency-key", key));
+        }
+        proxy
+            .client()
+            .send(method, "/charges", &headers, "{}")
+            .await;
+    }
+    for seen in up.seen() {
+        assert_eq!(
+            seen.headers["traceparent"],
+            parent.as_str(),
+            "{}",
+            seen.method
+        );
+        assert_eq!(seen.headers["tracestate"], "vendor=opaque");
+    }
+    assert_eq!(up.count(), 2);
+    // The metric is there all the same.
+    assert!(
+        proxy
+            .state
+            .metrics
+            .render()
+            .contains("idemgate_trace_spans_dropped_total 0"),
+        "{}",
+        proxy.state.metrics.render()
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_costs_requests_nothing_and_its_drops_are_counted() {
+    let up = Upstream::start().await;
+    // A port nobody listens on.
+    let closed = format!("http://127.0.0.1:{}", support::bin::free_port());
+    let proxy = traced_proxy(&up, &closed, "http/protobuf").await;
+    let c = proxy.client();
+    for i in 0..5 {
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            c.post("/charges", &format!("down-{i}"), "{}"),
+        )
+        .await
+        .expect("a request is not held by the exporter");
+        assert_eq!(answer.status, 201);
+    }
+    // Five server spans, and each one's claim, complete and upstream spans.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        proxy.state.metrics.wait_until(|m| m.spans_dropped() >= 20),
+    )
+    .await
+    .expect("the spans that could not be sent are counted as dropped");
+    let rendered = proxy.state.metrics.render();
+    let line = rendered
+        .lines()
+        .find(|l| l.starts_with("idemgate_trace_spans_dropped_total "))
+        .expect("on /metrics");
+    assert_eq!(line, "idemgate_trace_spans_dropped_total 20");
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_collector_does_not_hold_requests_and_gets_the_spans_later() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    collector.hold();
+    let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
+    let c = proxy.client();
+    assert_eq!(c.post("/charges", "slow-1", "{}").await.status, 201);
+    // The first export is in the collector's hands, unanswered.
+    collector
+        .wait_until("an export", |r| r.exports() >= 1)
+        .await;
+    for i in 2..=4 {
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            c.post("/charges", &format!("slow-{i}"), "{}"),
+        )
+        .await
+        .expect("a request does not wait for the collector");
+        assert_eq!(answer.status, 201);
+    }
+    assert!(collector.spans().is_empty(), "nothing was answered yet");
+    collector.release();
+    collector
+        .wait_until("four server spans", |r| {
+            r.spans().iter().filter(|s| s.name == "POST").count() == 4
+        })
+        .await;
+    assert_eq!(proxy.state.metrics.spans_dropped(), 0);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn spans_reach_a_grpc_collector() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let proxy = traced_proxy(&up, &collector.url(), "grpc").await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let answer = proxy
+        .client()
+        .send(
+            "POST",
+            "/charges",
+            &[("idempotency-key", "g1"), JSON, ("traceparent", &parent)],
+            "{}",
+        )
+        .await;
+    assert_eq!(answer.status, 201);
+    let server = collector.span(TRACE, "POST").await;
+    assert_eq!(server.transport, "grpc");
+    assert_eq!(server.headers["x-tenant"], "acme", "headers go as metadata");
+    assert_eq!(str_attr(&server, "idempotency.outcome"), "forwarded");
+    let upstream = collector.span(TRACE, "upstream").await;
+    assert_eq!(upstream.parent_span_id, server.span_id);
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_starts_the_exporter_and_one_without_telemetry_stops_tracing() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let plain = format!("upstream:\n  url: {}\n", up.url());
+    let file = TempConfig::new(&plain);
+    let proxy = Proxy::with_config(Config::from_file(file.path()).expect("valid")).await;
+    let c = proxy.client();
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let traced = [JSON, ("traceparent", parent.as_str())];
+
+    std::fs::write(
+        file.path(),
+        format!(
+            "{plain}telemetry:\n  otlp:\n    endpoint: {}\n",
+            collector.url()
+        ),
+    )
+    .expect("rewrite");
+    reload(&proxy.state, file.path(), None, &|_| Ok(())).expect("reloads");
+    c.send("GET", "/after-reload", &traced, "").await;
+    let server = collector.span(TRACE, "GET").await;
+    assert_eq!(str_attr(&server, "url.path"), "/after-reload");
+    assert_eq!(server.service, "idemgate", "the default service_name");
+
+    std::fs::write(file.path(), &plain).expect("rewrite");
+    reload(&proxy.state, file.path(), None, &|_| Ok(())).expect("reloads");
+    c.send("GET", "/untraced", &traced, "").await;
+    let last = up.seen().pop().expect("forwarded");
+    assert_eq!(last.path_and_query, "/untraced");
+    assert_eq!(
+        last.headers["traceparent"],
+        parent.as_str(),
+        "untouched again"
+    );
+    proxy.stop().await;
+}
