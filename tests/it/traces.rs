@@ -392,3 +392,87 @@ async fn a_reload_starts_the_exporter_and_one_without_telemetry_stops_tracing() 
     );
     proxy.stop().await;
 }
+
+#[tokio::test]
+async fn sample_ratio_decides_for_new_traces_and_a_sampled_parent_is_kept() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\ntelemetry:\n  otlp:\n    endpoint: {}\n    \
+         sample_ratio: 0\n",
+        collector.url()
+    );
+    let proxy = Proxy::start(&yaml, &up).await;
+    let c = proxy.client();
+    // A trace that starts here is not recorded, but the upstream still gets a
+    // traceparent, marked not sampled.
+    c.send("GET", "/unsampled", &[], "").await;
+    let sent = up.seen()[0].headers["traceparent"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    let (unsampled, _, flags) = fields(&sent);
+    assert_eq!(flags, "00");
+    // A client's sampled trace is kept whatever the ratio; its spans come after any of
+    // the first request's would have.
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    c.send("GET", "/sampled", &[("traceparent", &parent)], "")
+        .await;
+    collector.span(TRACE, "upstream").await;
+    let server = collector.span(TRACE, "GET").await;
+    assert_eq!(str_attr(&server, "url.path"), "/sampled");
+    assert!(
+        collector.spans().iter().all(|s| s.trace_id != unsampled),
+        "nothing of the unsampled trace is exported"
+    );
+    assert_eq!(
+        fields(up.seen()[1].headers["traceparent"].to_str().expect("ascii")).2,
+        "01"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_that_waits_shows_its_wait_and_replays() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nidempotency:\n  on_concurrent: wait\n\
+         telemetry:\n  otlp:\n    endpoint: {}\n",
+        collector.url()
+    );
+    let proxy = Proxy::start(&yaml, &up).await;
+    let c = proxy.client();
+    // The first is held at the upstream's gate; the duplicate waits for it.
+    let first = c.spawn_post("/gate/charges", "w1", "{}");
+    up.wait_for(1).await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let duplicate = {
+        let (c, parent) = (c.clone(), parent.clone());
+        tokio::spawn(async move {
+            c.send(
+                "POST",
+                "/gate/charges",
+                &[("idempotency-key", "w1"), JSON, ("traceparent", &parent)],
+                "{}",
+            )
+            .await
+        })
+    };
+    proxy.state.metrics.wait_until(|m| m.waiting() == 1).await;
+    up.open_gate();
+    assert_eq!(first.await.expect("first").status, 201);
+    assert!(duplicate.await.expect("duplicate").replayed());
+
+    let server = collector.span(TRACE, "POST").await;
+    assert!(
+        server.events.iter().any(|e| e == "idempotency.wait"),
+        "{:?}",
+        server.events
+    );
+    assert_eq!(str_attr(&server, "idempotency.outcome"), "replayed");
+    let watch = collector.span(TRACE, "store.watch").await;
+    assert_eq!(watch.parent_span_id, server.span_id);
+    assert_eq!(up.count(), 1);
+    proxy.stop().await;
+}
