@@ -90,9 +90,10 @@ impl Telemetry {
     }
 
     /// Sends what is queued and stops the exporter, waiting at most `timeout`: at exit.
-    pub fn shutdown(&self, timeout: Duration) {
+    /// Whether all of it was sent (or dropped) in time.
+    pub fn shutdown(&self, timeout: Duration) -> bool {
         let _ = self.provider.force_flush();
-        self.exporter.stop(timeout);
+        self.exporter.stop(timeout)
     }
 
     /// The context a request's work runs in: its server span, child of the request's

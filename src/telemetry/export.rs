@@ -95,11 +95,16 @@ pub(super) struct Exporter {
 
 impl Exporter {
     /// Asks the thread to send what is queued and end; waits at most `timeout`.
-    pub(super) fn stop(&self, timeout: Duration) {
+    /// Whether it ended in time (or had already).
+    pub(super) fn stop(&self, timeout: Duration) -> bool {
         self.stop.cancel();
         let done = self.done.lock().map(|mut done| done.take()).ok().flatten();
-        if let Some(done) = done {
-            let _ = done.recv_timeout(timeout);
+        match done {
+            Some(done) => !matches!(
+                done.recv_timeout(timeout),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            ),
+            None => true,
         }
     }
 }

@@ -5,11 +5,13 @@
 
 use crate::support;
 
+use std::time::Duration;
+
 use idemgate::config::Config;
 use idemgate::proxy::reload::reload;
-use support::bin::TempConfig;
+use support::bin::{Running, TempConfig, free_port};
 use support::otlp::{Attr, GotSpan, Receiver};
-use support::{Proxy, Upstream};
+use support::{Proxy, TestClient, Upstream};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 /// The client's trace, and its span that idemgate's server span is a child of.
@@ -475,4 +477,112 @@ async fn a_duplicate_that_waits_shows_its_wait_and_replays() {
     assert_eq!(watch.parent_span_id, server.span_id);
     assert_eq!(up.count(), 1);
     proxy.stop().await;
+}
+
+/// `idemgate_trace_spans_dropped_total` on the admin listener `admin`.
+async fn dropped_on(admin: &TestClient) -> u64 {
+    let metrics = admin.send("GET", "/metrics", &[], "").await.text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("idemgate_trace_spans_dropped_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the counter is on /metrics")
+}
+
+/// Polls `/metrics` (every 20 ms, 30 s at most) until `dropped` spans were counted.
+async fn wait_dropped(admin: &TestClient, dropped: u64) {
+    let wait = async {
+        while dropped_on(admin).await < dropped {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{dropped} spans never counted as dropped"));
+}
+
+#[tokio::test]
+async fn the_binary_sends_what_is_queued_before_it_exits() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    // Each export is held until released: the process must still be there to finish it.
+    collector.hold();
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: null\ntelemetry:\n  otlp:\n    \
+         endpoint: {}\n",
+        up.url(),
+        collector.url()
+    ));
+    let path = file.path().to_str().expect("utf-8 path");
+    let mut running = Running::start(&["--config", path]).await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let answer = TestClient::new(running.addr)
+        .send(
+            "POST",
+            "/charges",
+            &[("idempotency-key", "exit"), JSON, ("traceparent", &parent)],
+            "{}",
+        )
+        .await;
+    assert_eq!(answer.status, 201);
+    running.terminate().await;
+    collector
+        .wait_until("an export", |r| r.exports() >= 1)
+        .await;
+    assert!(
+        !running.has_exited(),
+        "idemgate exited with its export unanswered:\n{}",
+        running.stderr()
+    );
+    collector.release();
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+    assert!(
+        running
+            .stderr()
+            .contains("traces: the spans queued at shutdown went out"),
+        "{}",
+        running.stderr()
+    );
+    let names: Vec<String> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == TRACE)
+        .map(|s| s.name)
+        .collect();
+    for name in ["POST", "store.claim", "store.complete", "upstream"] {
+        assert!(
+            names.iter().any(|n| n == name),
+            "{name} was sent before exit: {names:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn drops_are_logged_at_warn_once_a_minute_however_many() {
+    let up = Upstream::start().await;
+    let admin_port = free_port();
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: 127.0.0.1:{admin_port}\ntelemetry:\n  \
+         otlp:\n    endpoint: http://127.0.0.1:{}\n",
+        up.url(),
+        free_port()
+    ));
+    let path = file.path().to_str().expect("utf-8 path");
+    let mut running = Running::start(&["--config", path]).await;
+    let client = TestClient::new(running.addr);
+    let admin = TestClient::new(std::net::SocketAddr::from(([127, 0, 0, 1], admin_port)));
+    // Two batches, each refused: a server span and its upstream span each.
+    for (round, path) in ["/first", "/second"].into_iter().enumerate() {
+        assert_eq!(client.send("GET", path, &[], "").await.status, 201);
+        wait_dropped(&admin, 2 * (round as u64 + 1)).await;
+    }
+    running.terminate().await;
+    assert!(running.wait_exit().await.success());
+    let stderr = running.stderr();
+    let warned = stderr
+        .lines()
+        .filter(|l| l.contains("traces: spans dropped"))
+        .collect::<Vec<_>>();
+    assert_eq!(warned.len(), 1, "{stderr}");
+    assert!(warned[0].contains("WARN"), "{}", warned[0]);
 }
