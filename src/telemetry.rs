@@ -159,18 +159,21 @@ pub fn end_server(cx: &Context, answered: Answered<'_>) {
 
 /// A span under the current request's server span, or `None` outside a traced request
 /// (no exporter, a background task, the admin listener): then nothing is made.
-pub fn child(name: &'static str, kind: SpanKind) -> Option<Span> {
+///
+/// Boxed: it is held across the call it times, and inline its few hundred bytes would
+/// be in every store call's and upstream call's future, traced or not.
+pub fn child(name: &'static str, kind: SpanKind) -> Option<Box<Span>> {
     if !tracing_anywhere() {
         return None;
     }
     Context::map_current(|cx| {
         let Traced(tracer) = cx.get::<Traced>()?;
-        Some(
+        Some(Box::new(
             tracer
                 .span_builder(name)
                 .with_kind(kind)
                 .start_with_context(tracer, cx),
-        )
+        ))
     })
 }
 
@@ -198,7 +201,7 @@ pub fn current() -> Option<Context> {
 
 /// The span of a call to the upstream, when the request is traced: the request's own
 /// `traceparent` and `tracestate` are replaced by this span's.
-pub fn upstream<B>(request: &mut Request<B>) -> Option<Span> {
+pub fn upstream<B>(request: &mut Request<B>) -> Option<Box<Span>> {
     let mut span = child("upstream", SpanKind::Client)?;
     span.set_attributes([
         KeyValue::new("http.request.method", request.method().as_str().to_owned()),
@@ -217,7 +220,7 @@ pub fn upstream<B>(request: &mut Request<B>) -> Option<Span> {
 }
 
 /// Ends an upstream call's span with its status, or in error with why it failed.
-pub fn upstream_ended(mut span: Span, answered: Result<StatusCode, String>) {
+pub fn upstream_ended(mut span: Box<Span>, answered: Result<StatusCode, String>) {
     match answered {
         Ok(status) => {
             span.set_attribute(KeyValue::new(
@@ -234,7 +237,7 @@ pub fn upstream_ended(mut span: Span, answered: Result<StatusCode, String>) {
 }
 
 /// A store call's span, in error when the call failed.
-pub fn store_ended<T, E: std::fmt::Display>(mut span: Span, result: &Result<T, E>) {
+pub fn store_ended<T, E: std::fmt::Display>(mut span: Box<Span>, result: &Result<T, E>) {
     if let Err(err) = result {
         span.set_status(Status::error(err.to_string()));
     }
