@@ -586,3 +586,36 @@ async fn drops_are_logged_at_warn_once_a_minute_however_many() {
     assert_eq!(warned.len(), 1, "{stderr}");
     assert!(warned[0].contains("WARN"), "{}", warned[0]);
 }
+
+#[tokio::test]
+async fn a_take_over_of_a_crashed_owners_claim_is_an_event_and_a_store_span() {
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
+    support::crashed_owner(&proxy, "/charges", "t1").await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let answer = proxy
+        .client()
+        .send(
+            "POST",
+            "/charges",
+            &[("idempotency-key", "t1"), JSON, ("traceparent", &parent)],
+            "{}",
+        )
+        .await;
+    // Under `on_unknown_outcome: record`, the crashed owner's unknown outcome is the key's.
+    assert_eq!(answer.problem(), "outcome-unknown");
+    assert_eq!(up.count(), 0);
+    let server = collector.span(TRACE, "POST").await;
+    assert!(
+        server.events.iter().any(|e| e == "idempotency.take_over"),
+        "{:?}",
+        server.events
+    );
+    assert_eq!(str_attr(&server, "idempotency.outcome"), "outcome_unknown");
+    let take_over = collector.span(TRACE, "store.take_over").await;
+    assert_eq!(take_over.parent_span_id, server.span_id);
+    let complete = collector.span(TRACE, "store.complete").await;
+    assert_eq!(complete.parent_span_id, server.span_id);
+    proxy.stop().await;
+}
