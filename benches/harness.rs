@@ -130,6 +130,9 @@ pub(crate) enum TargetKind {
     /// The memory store scoped by the raw `Authorization` header (the default), sent the
     /// RS256 JWTs: what the JWT targets cost beyond the bytes of their tokens.
     MemoryJwtRaw,
+    /// The memory store with `telemetry.otlp` (`sample_ratio: 1.0`) exporting every
+    /// request's spans to a sink in the harness (docs/behaviour.md §20): what traces cost.
+    MemoryOtlp,
     Redis,
     /// Redis with `store.encryption`, on the same redis-server under another `key_prefix`.
     RedisEnc,
@@ -156,6 +159,7 @@ impl TargetKind {
             TargetKind::MemoryJwtRs256 => "idemgate-memory-jwt-rs256",
             TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
             TargetKind::MemoryJwtRaw => "idemgate-memory-jwt-raw",
+            TargetKind::MemoryOtlp => "idemgate-memory-otlp",
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
@@ -186,6 +190,7 @@ impl TargetKind {
                 | TargetKind::MemoryJwtRs256
                 | TargetKind::MemoryJwtEs256
                 | TargetKind::MemoryJwtRaw
+                | TargetKind::MemoryOtlp
                 | TargetKind::Redis
                 | TargetKind::RedisEnc
                 | TargetKind::RedisReplica
@@ -527,6 +532,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         if judge {
             goals::issues_6_and_12(&main);
             goals::issue_27(&main);
+            goals::issue_31(&main);
             if args.scenarios.contains(&Scenario::Upload) {
                 goals::issue_30(&main);
             }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind, Workers};
@@ -386,13 +387,27 @@ async fn run_with<S: Store>(
         }
     }
     let reloader = tokio::spawn(reload_on_sighup(Arc::clone(&state), reload, hangups));
-    let outcome = serve_workers(listeners, state, shutdown_signal()).await;
+    let outcome = serve_workers(listeners, Arc::clone(&state), shutdown_signal()).await;
     reloader.abort();
     refresher.abort();
+    // The spans of the last requests go out before the process does, for a few seconds
+    // at most (docs/behaviour.md §20).
+    if let Some(telemetry) = state.live().telemetry().cloned() {
+        let flush = TRACES_AT_EXIT;
+        match tokio::task::spawn_blocking(move || telemetry.shutdown(flush)).await {
+            Ok(true) => tracing::info!("traces: the spans queued at shutdown went out"),
+            _ => tracing::warn!(
+                "traces: the spans queued at shutdown did not all go out within {flush:?}"
+            ),
+        }
+    }
     // Health and metrics stay up while in-flight requests drain.
     admin_stop.cancel();
     Ok(outcome?)
 }
+
+/// How long the exporter gets to send the spans queued at shutdown.
+const TRACES_AT_EXIT: Duration = Duration::from_secs(5);
 
 /// Each SIGHUP re-reads the file; without one it is logged and ignored
 /// (docs/behaviour.md §14).

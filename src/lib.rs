@@ -20,6 +20,8 @@
 //!   visits it: handler, claim, exchange, lease, reply, upstream.
 //! - [`metrics`]: request outcomes and counters.
 //! - [`logs`]: log lines to stderr, batched on the worker threads.
+//! - [`telemetry`]: traces: the server, store and upstream spans, W3C trace context in
+//!   and out, and the OTLP exporter's thread.
 //! - [`worker`]: which worker thread a call runs on, and what each worker owns.
 //! - [`cli`]: command-line arguments, logging set-up, and the run loop of the binary.
 //!
@@ -39,4 +41,5 @@ pub mod metrics;
 pub mod principal;
 pub mod proxy;
 pub mod store;
+pub mod telemetry;
 pub mod worker;

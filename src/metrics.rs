@@ -11,6 +11,7 @@ use format::prometheus_text;
 use labels::{ExecutedLabel, OpLabel, OutcomeLabel, ResultLabel};
 pub use labels::{Outcome, Reconciled, StoreOp};
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +23,23 @@ use prometheus_client::registry::{Registry, Unit};
 fn store_histogram() -> Histogram {
     // 100 µs .. ~3 s: a local Redis answers in well under a millisecond.
     Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+}
+
+/// `idemgate_trace_spans_dropped_total`, as the trace exporter counts it: from its own
+/// thread and from the request that ended a span it had no room for.
+#[derive(Debug, Clone)]
+pub struct SpanDrops {
+    counter: Counter,
+    changed: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl SpanDrops {
+    pub fn add(&self, spans: u64) {
+        self.counter.inc_by(spans);
+        if let Some(changed) = &self.changed {
+            changed.notify_waiters();
+        }
+    }
 }
 
 /// Every metric of `/metrics`. The families live in the registry for rendering; the hot
@@ -62,9 +80,11 @@ pub struct Metrics {
     /// Unknown outcomes the upstream was asked about, by [`Reconciled`]
     /// (docs/behaviour.md §18).
     reconciliations: [Counter; Reconciled::ALL.len()],
+    /// Spans the trace exporter could not deliver (docs/behaviour.md §20).
+    spans_dropped: Counter,
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
-    changed: Option<tokio::sync::Notify>,
+    changed: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Default for Metrics {
@@ -195,6 +215,13 @@ impl Metrics {
             "Reads of a scope_principal JWKS (file or URL) that failed; the last good key set stays in use",
             jwks_refresh_failures.clone(),
         );
+        // Always present, exporter or not, so that an alert on it needs no `absent()`.
+        let spans_dropped = Counter::default();
+        registry.register(
+            "idemgate_trace_spans_dropped",
+            "Spans the OTLP exporter did not deliver: its queue was full (a slow collector) or the collector refused or could not be reached",
+            spans_dropped.clone(),
+        );
         #[cfg(feature = "alloc-stats")]
         registry.register_collector(Box::new(crate::alloc_stats::AllocCounters));
         Self {
@@ -216,6 +243,7 @@ impl Metrics {
             late_records,
             orphans_released,
             records_lost,
+            spans_dropped,
             changed: None,
         }
     }
@@ -224,7 +252,7 @@ impl Metrics {
     /// waiters, which takes a lock. For tests and tools, not for the proxy's hot path.
     pub fn observable() -> Self {
         Self {
-            changed: Some(tokio::sync::Notify::new()),
+            changed: Some(Arc::new(tokio::sync::Notify::new())),
             ..Self::new()
         }
     }
@@ -232,6 +260,19 @@ impl Metrics {
     /// Handles on the store-latency histograms, for the store's timing decorator.
     pub fn store_timings(&self) -> StoreTimings {
         StoreTimings(self.store_ops.clone())
+    }
+
+    /// The count of dropped spans, for the trace exporter's thread.
+    pub fn span_drops(&self) -> SpanDrops {
+        SpanDrops {
+            counter: self.spans_dropped.clone(),
+            changed: self.changed.clone(),
+        }
+    }
+
+    /// Spans dropped so far.
+    pub fn spans_dropped(&self) -> u64 {
+        self.spans_dropped.get()
     }
 
     /// The counter of failed JWKS reads, for the verifiers that read them.

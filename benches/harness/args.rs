@@ -40,7 +40,10 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       memory-jwt-rs256,memory-jwt-es256: scope_principal jwt with a
                       jwks_file, every request a bearer JWT (RSA 2048 keys need the
                       openssl command); memory-jwt-raw: the same RS256 JWTs, scoped by
-                      the raw header, the reference of the JWT goals
+                      the raw header, the reference of the JWT goals; memory-otlp:
+                      telemetry.otlp exporting every span (sample_ratio 1.0) to a
+                      sink in the harness, against memory (issue 31; the smoke run
+                      includes it)
   --scenarios LIST    subset of unguarded,miss,hit,json-key (the default), and,
                       not in the default run: slow: a miss whose upstream answers
                       after 20 ms (header x-bench-delay-ms), at 256 connections in
@@ -174,13 +177,17 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         rounds: 1,
         smoke,
         account: false,
-        targets: vec![
+        targets: [
             TargetKind::Memory,
             TargetKind::Redis,
             TargetKind::File,
             TargetKind::FileNoSync,
             TargetKind::Nginx,
-        ],
+        ]
+        .into_iter()
+        // A smoke run checks that a traced idemgate passes the same checks.
+        .chain(smoke.then_some(TargetKind::MemoryOtlp))
+        .collect(),
         // A smoke run checks that `slow` works too, at its small size.
         scenarios: if smoke {
             Scenario::SMOKE.to_vec()
@@ -265,6 +272,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "memory-jwt-rs256" => Some(TargetKind::MemoryJwtRs256),
                     "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
                     "memory-jwt-raw" => Some(TargetKind::MemoryJwtRaw),
+                    "memory-otlp" => Some(TargetKind::MemoryOtlp),
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),

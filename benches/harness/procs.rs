@@ -241,6 +241,9 @@ pub(crate) struct Tuning {
     /// The file name, in the harness's temp dir, of a JWK set: the default policy then
     /// has `scope_principal: {jwt: {jwks_file: ...}}` (docs/behaviour.md §17).
     pub(crate) jwks_file: Option<&'static str>,
+    /// `telemetry.otlp` to this address over `http/protobuf`, every trace sampled
+    /// (docs/behaviour.md §20).
+    pub(crate) otlp: Option<SocketAddr>,
 }
 
 /// The encryption key of the `-enc` targets: 32 bytes (`bench-only-key-not-a-secret-32b!`)
@@ -334,6 +337,12 @@ pub(crate) fn idemgate_yaml(
     let admin = tuning
         .admin_port
         .map_or_else(|| "null".to_owned(), |port| format!("127.0.0.1:{port}"));
+    let telemetry = tuning.otlp.map_or_else(String::new, |sink| {
+        format!(
+            "telemetry:\n  otlp:\n    endpoint: http://{sink}\n    protocol: http/protobuf\n    \
+             sample_ratio: 1.0\n"
+        )
+    });
     let orders = if tuning.json_key_route {
         "  - path: /orders\n    methods: [POST]\n    required: true\n\
          \x20   key_from: [{json: /metadata/order_id}]\n    fingerprint_body: json\n"
@@ -357,7 +366,8 @@ pub(crate) fn idemgate_yaml(
          {documents}\
          \x20 - path: /unguarded\n    enabled: false\n\
          admin:\n  listen: {admin}\n\
-         log:\n  level: \"{log_level}\"\n"
+         log:\n  level: \"{log_level}\"\n\
+         {telemetry}"
     )
 }
 

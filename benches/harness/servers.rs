@@ -1,5 +1,6 @@
-//! The HTTP servers the harness runs itself: the upstream (in the harness process) and
-//! the baseline plain reverse proxy (in a child process, see [`plain_proxy_main`]).
+//! The HTTP servers the harness runs itself: the upstream and the OTLP sink (in the
+//! harness process) and the baseline plain reverse proxy (in a child process, see
+//! [`plain_proxy_main`]).
 
 use std::convert::Infallible;
 use std::io::Read;
@@ -82,6 +83,34 @@ pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
                 );
                 Ok::<_, Infallible>(response)
             }
+        });
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+/// Serves an OpenTelemetry collector that keeps nothing on `listener`, for the
+/// `memory-otlp` target: every export is read whole and answered `200` with an empty
+/// `ExportTraceServiceResponse` (an empty protobuf message is zero bytes), as fast as a
+/// collector on the same host could.
+pub(crate) async fn otlp_sink(listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let svc = service_fn(|req: Request<Incoming>| async move {
+            let _ = req.into_body().collect().await;
+            let mut response = Response::new(Full::new(Bytes::new()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-protobuf"),
+            );
+            Ok::<_, Infallible>(response)
         });
         tokio::spawn(async move {
             let _ = hyper::server::conn::http1::Builder::new()

@@ -163,7 +163,16 @@ pub(crate) async fn start(
             Ok::<_, BoxError>((proc, target))
         }
     };
-    // The memory store plain, encrypted, and scoped by the principal of a JWT.
+    // The sink of the traced target, in this process for the whole run.
+    let otlp = if wanted.contains(&TargetKind::MemoryOtlp) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let sink = listener.local_addr()?;
+        tokio::spawn(servers::otlp_sink(listener));
+        Some(sink)
+    } else {
+        None
+    };
+    // The memory store plain, encrypted, scoped by the principal of a JWT, and traced.
     let mut rs256: Option<principal::Tokens> = None;
     for kind in [
         TargetKind::Memory,
@@ -171,6 +180,7 @@ pub(crate) async fn start(
         TargetKind::MemoryJwtRs256,
         TargetKind::MemoryJwtEs256,
         TargetKind::MemoryJwtRaw,
+        TargetKind::MemoryOtlp,
     ] {
         if !wanted.contains(&kind) {
             continue;
@@ -194,6 +204,7 @@ pub(crate) async fn start(
         let tuning = Tuning {
             encryption: kind == TargetKind::MemoryEnc,
             jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
+            otlp: otlp.filter(|_| kind == TargetKind::MemoryOtlp),
             ..Tuning::default()
         };
         let (proc, target) = start_idemgate(kind, Store::Memory, tuning).await?;

@@ -28,6 +28,7 @@ mod render;
 mod scope_principal;
 mod sections;
 mod sentinel;
+mod telemetry;
 mod tls;
 mod top;
 mod units;
@@ -49,6 +50,7 @@ pub use policy::Policy;
 pub use reconcile::Reconcile;
 pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
 pub use sentinel::SentinelConfig;
+pub use telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
 pub use top::{Config, RELOAD, Reload, ReloadKey};
 

@@ -62,6 +62,8 @@ const NULLABLE: &[&str] = &[
     "admin",
     "log",
     "errors",
+    "telemetry",
+    "telemetry.otlp",
 ];
 
 /// The path (`routes[0].ttl`, as `serde_path_to_error` writes it) of the first key whose

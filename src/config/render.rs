@@ -196,6 +196,7 @@ fn masked_notice(config: &Config) -> String {
         }
     }
     keys.extend(super::encryption::masked(&store.encryption));
+    keys.extend(super::telemetry::masked(&config.telemetry));
     if keys.is_empty() {
         return String::new();
     }

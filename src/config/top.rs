@@ -38,6 +38,7 @@ use super::policy::{RawPolicy, RawRoute};
 use super::render::{choice, count, duration, errors, size, strings, workers};
 use super::sections::{RawAdmin, RawStore};
 use super::sections::{RawErrors, RawLog, RawUpstream};
+use super::telemetry::{self, RawTelemetry, TelemetryConfig};
 use super::values::{Addr, Count, Dur, Pick, Raw, Size, WorkerCount};
 use super::{
     AdminConfig, ConfigError, ErrorsConfig, EscapedSlashes, LogConfig, Policy, Route, RouteMatch,
@@ -241,6 +242,9 @@ top_level! {
         /// A guarded request body that sends no byte this long is answered `408`.
         listen_body_timeout: Duration = Duration::from_secs(30), from Dur, via typed,
             show duration, reload applies;
+        /// Where traces go (docs/behaviour.md §20): no exporter by default.
+        telemetry: TelemetryConfig = TelemetryConfig::default(), from RawTelemetry,
+            via telemetry::build, show telemetry::render, reload applies;
     }
 }
 

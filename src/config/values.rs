@@ -15,7 +15,7 @@ use serde::de::{self, Deserializer, Visitor};
 use super::units;
 use super::{
     ErrorFormat, EscapedSlashes, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome,
-    RouteMatch, StoreKind,
+    OtlpProtocol, RouteMatch, StoreKind,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
@@ -258,6 +258,30 @@ impl<'de> Deserialize<'de> for Count {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         const EXPECTING: &str = "a non-negative integer";
         Scalar::read(d, EXPECTING)?.into_u64(EXPECTING).map(Count)
+    }
+}
+
+/// A ratio from 0 to 1 (`telemetry.otlp.sample_ratio`), given as a number or its text.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ratio(pub(super) f64);
+
+impl<'de> Deserialize<'de> for Ratio {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "a number from 0 to 1";
+        let scalar = Scalar::read(d, EXPECTING)?;
+        let ratio = match &scalar {
+            Scalar::Float(x) => Some(*x),
+            Scalar::Int(n) => Some(*n as f64),
+            Scalar::Str(s) => s.trim().parse::<f64>().ok(),
+            Scalar::Bool(_) => None,
+        };
+        match ratio {
+            Some(x) if (0.0..=1.0).contains(&x) => Ok(Ratio(x)),
+            _ => Err(de::Error::custom(format!(
+                "expected {EXPECTING}, found {}",
+                scalar.describe()
+            ))),
+        }
     }
 }
 
@@ -518,6 +542,12 @@ impl Choice for OnUnknownOutcome {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("record", OnUnknownOutcome::Record),
         ("release", OnUnknownOutcome::Release),
+    ];
+}
+impl Choice for OtlpProtocol {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("http/protobuf", OtlpProtocol::HttpProtobuf),
+        ("grpc", OtlpProtocol::Grpc),
     ];
 }
 impl Choice for LogFormat {

@@ -127,6 +127,22 @@ impl StoreOp {
         StoreOp::Resolve,
     ];
 
+    /// The name of its span in a trace (docs/behaviour.md §20).
+    pub fn span_name(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "store.claim",
+            StoreOp::Complete => "store.complete",
+            StoreOp::Release => "store.release",
+            StoreOp::Renew => "store.renew",
+            StoreOp::TakeOver => "store.take_over",
+            StoreOp::Watch => "store.watch",
+            StoreOp::Ping => "store.ping",
+            StoreOp::Inspect => "store.inspect",
+            StoreOp::Purge => "store.purge",
+            StoreOp::Resolve => "store.resolve",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             StoreOp::Claim => "claim",

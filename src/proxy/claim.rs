@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use opentelemetry::KeyValue;
 use tokio::time::Instant;
 
 use super::lease::{Job, in_background, stamped};
@@ -17,6 +18,7 @@ use crate::idempotency::{
     decide, retry_after,
 };
 use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
+use crate::telemetry;
 
 /// How a claim ended, short of an error.
 #[derive(Debug)]
@@ -98,6 +100,13 @@ pub(crate) async fn claim<S: Store>(
             Decision::Reject(rejection) => return Err(rejection.into()),
             Decision::Wait { lease_left } => waiter.wait(state, policy, key, lease_left).await?,
             Decision::TakeOver { stale, then } => {
+                telemetry::event("idempotency.take_over", || {
+                    let then = match then {
+                        AfterTakeOver::Forward => "forward",
+                        AfterTakeOver::RecordUnknown => "record_unknown",
+                    };
+                    vec![KeyValue::new("idempotency.then", then)]
+                });
                 match take_over(state, policy, stale, claim, then).await? {
                     Some(claimed) => return Ok(claimed),
                     None if races < TAKE_OVER_RACES => races += 1,
@@ -266,6 +275,10 @@ impl<W: Watch> Waiter<W> {
                 }
                 // A crashed owner never says it is done: look again when its lease ends.
                 let wake = deadline.min(Instant::now() + lease_left);
+                telemetry::event("idempotency.wait", || {
+                    let ms = i64::try_from(lease_left.as_millis()).unwrap_or(i64::MAX);
+                    vec![KeyValue::new("idempotency.lease_left_ms", ms)]
+                });
                 let _waiting = state.metrics.track_waiting();
                 let _ = tokio::time::timeout_at(wake, watch.changed()).await;
             }

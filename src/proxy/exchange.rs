@@ -16,6 +16,7 @@ use http::header::{CONTENT_LENGTH, DATE, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use opentelemetry::context::FutureExt as _;
 use tokio::time::Instant;
 
 use super::body::{Capped, ProxyBody};
@@ -38,6 +39,7 @@ use crate::idempotency::{
 };
 use crate::metrics::{Outcome, Reconciled};
 use crate::store::{Lease, Store};
+use crate::telemetry::{self, TRACEPARENT, TRACESTATE};
 
 /// A guarded request's body: read whole, or streamed (docs/behaviour.md §19).
 #[derive(Debug)]
@@ -89,9 +91,16 @@ pub(crate) async fn execute<S: Store>(
     req: Guarded,
 ) -> Counted {
     let task_state = Arc::clone(state);
+    // A traced exchange keeps its request's context on a task of its own too.
+    let traced = live.telemetry().and_then(|_| telemetry::current());
     let work = async move {
         failpoint::hit(failpoint::AFTER_CLAIM);
-        let result = exchange(&task_state, &live, id, lease, req).await;
+        let result = match traced {
+            None => exchange(&task_state, &live, id, lease, req).await,
+            Some(cx) => {
+                Box::pin(exchange(&task_state, &live, id, lease, req).with_context(cx)).await
+            }
+        };
         finish(&task_state, result)
     };
     Detached::new(work, state.tasks.clone()).await
@@ -438,12 +447,16 @@ pub(crate) async fn record_abandoned<S: Store>(
 }
 
 /// What is kept of the upstream's headers: end-to-end ones (hop-by-hop are already
-/// gone), minus `replay_drop_headers` and `record_exclude_headers`; `Date` and
-/// `Content-Length` are made anew.
+/// gone), minus `replay_drop_headers`, `record_exclude_headers` and the trace context;
+/// `Date` and `Content-Length` are made anew.
 fn stored_headers(headers: &HeaderMap, policy: &Policy) -> Vec<(HeaderName, HeaderValue)> {
+    // Trace context belongs to the first request's exchange: a replay never carries it
+    // (docs/behaviour.md §20).
     let kept = |name: &HeaderName| {
         *name != DATE
             && *name != CONTENT_LENGTH
+            && *name != TRACEPARENT
+            && *name != TRACESTATE
             && !policy.replay_drop_headers.contains(name)
             && !policy.record_exclude_headers.contains(name)
     };

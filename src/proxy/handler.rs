@@ -14,12 +14,13 @@ use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Full};
+use opentelemetry::context::FutureExt as _;
 
 use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_capped};
 use super::budget::Held;
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded, Payload};
-use super::reply::{Reply, finish, replay_response};
+use super::reply::{Counted, Reply, finish, replay_response};
 use super::state::{AppState, Live, PolicyId};
 use super::streamed::{self, Streaming};
 use super::upload;
@@ -28,13 +29,13 @@ use super::{upgrade, view};
 use crate::config::{OnUnavailable, Policy};
 use crate::error::ProxyError;
 use crate::idempotency::body::Body;
-use crate::idempotency::key::{parse_plain, parse_value};
 use crate::idempotency::path::{self, EscapedSlashes, PathError};
 use crate::idempotency::source::{Found, KeySource, Offered};
 use crate::idempotency::{Fingerprint, IdempotencyKey, ScopedKey};
 use crate::metrics::Outcome;
-use crate::principal::{CredentialError, Principal, Verifier};
+use crate::principal::Principal;
 use crate::store::{Lease, Store, StoreError};
+use crate::telemetry::{self, Answered};
 
 /// The service function: never fails, every error becomes a problem answer. Generic
 /// over the request body so that tests can drive it without a socket.
@@ -56,13 +57,13 @@ pub async fn handle<S: Store, B: RequestBody>(
     let mut scoped_key = None;
     // The configuration this request runs under to its end, whatever a reload does.
     let live = state.live();
-    let next = route(&state, &live, req, peer, &mut scoped_key).await;
-    let counted = match next {
-        Ok(Next::Exchange { id, lease, req }) => {
-            exchange::execute(&state, live, id, lease, req).await
+    // With no exporter, this one branch is all that traces cost (docs/behaviour.md §20).
+    let counted = match live.telemetry() {
+        None => answer(&state, live, req, peer, &mut scoped_key).await,
+        Some(telemetry) => {
+            let cx = telemetry.server(req.method(), req.uri().path(), req.headers());
+            Box::pin(traced(&state, live, req, peer, &mut scoped_key, cx)).await
         }
-        Ok(Next::Answer(reply)) => finish(&state, Ok(reply)),
-        Err(err) => finish(&state, Err(err)),
     };
     // One line per request. The key appears only as a short prefix of its scoped hash:
     // enough to correlate retries, never the raw key or a credential.
@@ -78,6 +79,51 @@ pub async fn handle<S: Store, B: RequestBody>(
         );
     }
     counted.into_response()
+}
+
+/// The request's answer, forwarded and recorded if the key is its own; counted.
+async fn answer<S: Store, B: RequestBody>(
+    state: &Arc<AppState<S>>,
+    live: Arc<Live>,
+    req: Request<B>,
+    peer: SocketAddr,
+    scoped_key: &mut Option<ScopedKey>,
+) -> Counted {
+    match route(state, &live, req, peer, scoped_key).await {
+        Ok(Next::Exchange { id, lease, req }) => {
+            exchange::execute(state, live, id, lease, req).await
+        }
+        Ok(Next::Answer(reply)) => finish(state, Ok(reply)),
+        Err(err) => finish(state, Err(err)),
+    }
+}
+
+/// [`answer`] inside the request's server span `cx` (docs/behaviour.md §20): the store
+/// and upstream calls find it there, and it ends with the answer's attributes.
+async fn traced<S: Store, B: RequestBody>(
+    state: &Arc<AppState<S>>,
+    live: Arc<Live>,
+    req: Request<B>,
+    peer: SocketAddr,
+    scoped_key: &mut Option<ScopedKey>,
+    cx: opentelemetry::Context,
+) -> Counted {
+    let counted = answer(state, live, req, peer, scoped_key)
+        .with_context(cx.clone())
+        .await;
+    let record_id = scoped_key
+        .as_ref()
+        .map(|key| format!("{}{}", state.config.store.key_prefix, key.to_hex()));
+    telemetry::end_server(
+        &cx,
+        Answered {
+            status: counted.status(),
+            outcome: counted.outcome(),
+            replayed: counted.replayed(),
+            record_id: record_id.as_deref(),
+        },
+    );
+    counted
 }
 
 /// Where a request goes after the handler. Moved once, so the large variant stays
@@ -493,75 +539,4 @@ async fn forward_unguarded<S: Store>(
 
 fn content_length(headers: &http::HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
-}
-
-/// Why `idemgate key` cannot name a record.
-#[derive(Debug, thiserror::Error)]
-pub enum RecordIdError {
-    #[error("--path: {0}")]
-    Path(String),
-    #[error("{method} {path} is passed through, unguarded: it has no record")]
-    NotGuarded { method: String, path: String },
-    #[error("KEY: {0}")]
-    Key(#[source] crate::idempotency::KeyError),
-    #[error("-H: invalid credentials: {0}")]
-    Credentials(#[source] CredentialError),
-    #[error("the route requires credentials (require_principal): give them with -H")]
-    MissingCredentials,
-}
-
-/// The record id (`key_prefix` + 64 hex) a request with this method, path, headers and
-/// key would use (docs/behaviour.md §13): the path picks the policy as for a request, the
-/// key is read as its first source reads it, the credential among `headers` is verified
-/// as the proxy verifies it, and the address is [`Policy::address`], as in [`handle`].
-pub fn record_id(
-    config: &crate::config::Config,
-    method: &http::Method,
-    path: &str,
-    headers: &http::HeaderMap,
-    key: &str,
-) -> Result<String, RecordIdError> {
-    let normal = path::normalise(path, config.escaped_slashes)
-        .map_err(|err| RecordIdError::Path(err.to_string()))?;
-    let policy = config
-        .route_index(&view::match_path(&normal))
-        .and_then(|i| config.routes.get(i))
-        .map_or(&config.idempotency, |route| &route.policy);
-    if !policy.enabled || !view::guarded_method(method, headers, &policy.methods) {
-        return Err(RecordIdError::NotGuarded {
-            method: method.to_string(),
-            path: path.to_owned(),
-        });
-    }
-    let source = policy
-        .key_from
-        .first()
-        .expect("key_from is never empty: checked when the configuration loads");
-    let key = match source {
-        // The sf-string spelling is a header's (docs/behaviour.md §9).
-        KeySource::Header(_) => parse_value(key.as_bytes()),
-        _ => parse_plain(key.as_bytes()),
-    }
-    .map_err(RecordIdError::Key)?;
-    // The proxy refuses a key of another format before it is addressed: it has no record.
-    if !matches!(source, KeySource::Fingerprint(_)) {
-        policy.key_format.check(&key).map_err(RecordIdError::Key)?;
-    }
-    let principal = match &policy.scope_principal {
-        None => None,
-        Some(scope) => {
-            let fetcher = super::jwks::url_fetcher(&config.upstream);
-            let verifier = Verifier::new(scope, &fetcher, Default::default());
-            // A `jwks_url` is not read here: its tokens are refused as matching no key.
-            let principal = verifier
-                .principal_now(headers)
-                .map_err(RecordIdError::Credentials)?;
-            if principal.is_none() && policy.require_principal {
-                return Err(RecordIdError::MissingCredentials);
-            }
-            principal
-        }
-    };
-    let scoped = policy.address(headers, principal.as_ref(), source, &key);
-    Ok(format!("{}{}", config.store.key_prefix, scoped.to_hex()))
 }

@@ -10,7 +10,8 @@
 //! 3. `handler.rs`: policy, key, body, fingerprint; pass-through or guarded;
 //!    `view.rs` gives it one view of the request (the method, the `Host` checks),
 //!    `upgrade.rs` passes upgrades through, `streamed.rs` claims and compares a body
-//!    too large to buffer;
+//!    too large to buffer; `record_id.rs` addresses a request as it does, for
+//!    `idemgate key`;
 //! 4. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
 //! 5. `exchange.rs`: forward once and record (on its own task if the client leaves,
 //!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
@@ -34,6 +35,7 @@ mod jwks;
 mod lease;
 mod listen;
 mod reconcile;
+mod record_id;
 pub mod reload;
 mod reply;
 mod state;
@@ -45,9 +47,10 @@ mod view;
 mod workers;
 
 pub use body::{ProxyBody, RequestBody};
-pub use handler::{RecordIdError, handle, record_id};
+pub use handler::handle;
 pub(crate) use listen::{Activity, Ended, drive};
 pub use listen::{Shutdown, accept, serve};
+pub use record_id::{RecordIdError, record_id};
 pub use state::{AppState, Live, PolicyId};
 pub use upstream::UpstreamClient;
 pub use workers::{WorkerError, bind_workers, serve_workers};

@@ -42,6 +42,15 @@ impl Counted {
         self.0.response.status()
     }
 
+    /// Whether the answer is a replay, as the client is told.
+    pub(crate) fn replayed(&self) -> bool {
+        self.0
+            .response
+            .headers()
+            .get(&IDEMPOTENT_REPLAYED)
+            .is_some_and(|value| value == "true")
+    }
+
     pub(crate) fn into_response(self) -> Response<ProxyBody> {
         self.0.response
     }

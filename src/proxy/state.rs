@@ -17,9 +17,10 @@ use super::jwks::url_fetcher;
 use super::upstream::{self, UpstreamClient};
 use crate::config::{Config, Policy};
 use crate::idempotency::{Completed, ScopedKey};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SpanDrops};
 use crate::principal::Verifier;
 use crate::store::{Deadline, Keyring, Store, Timed};
+use crate::telemetry::Telemetry;
 use crate::worker::PerWorker;
 
 /// How many background retries (`lease.rs`) may run at once, across all keys. Past it
@@ -44,19 +45,34 @@ pub struct Live {
     /// The verifier of each policy's `scope_principal` (docs/behaviour.md §17): first
     /// `idempotency`'s, then each route's. Policies with the same source share one.
     principals: Vec<Option<Arc<Verifier>>>,
+    /// `telemetry.otlp`'s exporter (docs/behaviour.md §20); `None`: requests are not
+    /// traced, and do no span work at all.
+    telemetry: Option<Arc<Telemetry>>,
 }
 
 impl Live {
     /// `failures` counts failed reads of a key set; the verifiers of `previous` whose
-    /// source is unchanged are kept, with their key sets and verified tokens.
-    pub fn new(config: Arc<Config>, failures: &Counter, previous: Option<&Live>) -> Self {
+    /// source is unchanged are kept, with their key sets and verified tokens, and so is
+    /// its exporter when `telemetry` is unchanged; spans a new one drops count in `drops`.
+    pub fn new(
+        config: Arc<Config>,
+        (failures, drops): (&Counter, &SpanDrops),
+        previous: Option<&Live>,
+    ) -> Self {
         let clients = upstream::clients(&config.upstream, config.workers.resolve());
         let principals = verifiers(&config, failures, previous);
+        let telemetry = telemetry(&config, drops, previous);
         Self {
             config,
             clients,
             principals,
+            telemetry,
         }
+    }
+
+    /// The exporter in force, when requests are traced.
+    pub fn telemetry(&self) -> Option<&Arc<Telemetry>> {
+        self.telemetry.as_ref()
     }
 
     /// The verifier of `id`'s policy, if it scopes by principal.
@@ -122,6 +138,30 @@ fn verifiers(
         .collect()
 }
 
+/// The exporter of `config`: `previous`'s when its `telemetry` is the same, else a new
+/// one. One that cannot start (its configuration was checked) is logged, and requests go
+/// untraced rather than unserved.
+fn telemetry(
+    config: &Config,
+    drops: &SpanDrops,
+    previous: Option<&Live>,
+) -> Option<Arc<Telemetry>> {
+    let otlp = config.telemetry.otlp.as_ref()?;
+    if let Some(kept) = previous
+        .and_then(|previous| previous.telemetry.as_ref())
+        .filter(|kept| kept.config() == otlp)
+    {
+        return Some(Arc::clone(kept));
+    }
+    match Telemetry::start(otlp, drops.clone()) {
+        Ok(telemetry) => Some(Arc::new(telemetry)),
+        Err(err) => {
+            tracing::error!(error = %err, "traces are not exported");
+            None
+        }
+    }
+}
+
 /// Everything a request needs, shared by all connections.
 #[derive(Debug)]
 pub struct AppState<S> {
@@ -161,7 +201,7 @@ impl<S: Store> AppState<S> {
     pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
         let live = ArcSwap::from_pointee(Live::new(
             Arc::clone(&config),
-            &metrics.jwks_refresh_failures(),
+            (&metrics.jwks_refresh_failures(), &metrics.span_drops()),
             None,
         ));
         store.register_metrics(metrics.registry_mut());
@@ -211,15 +251,18 @@ impl<S: Store> AppState<S> {
     pub fn apply(&self, config: Config) {
         let current = self.live.load();
         let failures = self.metrics.jwks_refresh_failures();
+        let drops = self.metrics.span_drops();
         let live = if config.upstream == current.config.upstream {
             let principals = verifiers(&config, &failures, Some(&current));
+            let telemetry = telemetry(&config, &drops, Some(&current));
             Live {
                 config: Arc::new(config),
                 clients: current.clients.clone(),
                 principals,
+                telemetry,
             }
         } else {
-            Live::new(Arc::new(config), &failures, Some(&current))
+            Live::new(Arc::new(config), (&failures, &drops), Some(&current))
         };
         self.live.store(Arc::new(live));
     }

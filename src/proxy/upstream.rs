@@ -18,6 +18,7 @@ use super::budget::Held;
 use super::connector::UpstreamConnector;
 use crate::config::{UpstreamConfig, tls_client_config};
 use crate::error::{BoxError, ProxyError, UnknownCause};
+use crate::telemetry;
 use crate::worker::PerWorker;
 
 pub type UpstreamClient = Client<UpstreamConnector, ProxyBody>;
@@ -119,6 +120,23 @@ pub(crate) enum Failure {
     },
 }
 
+impl Failure {
+    /// What a trace says of it.
+    fn describe(&self) -> String {
+        match self {
+            Failure::Unreachable(source) => format!("could not connect: {source}"),
+            Failure::Unknown {
+                cause,
+                source: Some(source),
+            } => format!("{cause:?}: {source}"),
+            Failure::Unknown {
+                cause,
+                source: None,
+            } => format!("{cause:?}"),
+        }
+    }
+}
+
 impl From<Failure> for ProxyError {
     fn from(failure: Failure) -> Self {
         match failure {
@@ -141,6 +159,24 @@ pub(crate) async fn send(
 }
 
 async fn send_raw(
+    client: &UpstreamClient,
+    mut request: Request<ProxyBody>,
+    deadline: Instant,
+) -> Result<Response<Incoming>, Failure> {
+    // Traced: the upstream sees this call's span as its parent (docs/behaviour.md §20).
+    let Some(span) = telemetry::upstream(&mut request) else {
+        return exchange_head(client, request, deadline).await;
+    };
+    let sent = exchange_head(client, request, deadline).await;
+    let answered = match &sent {
+        Ok(response) => Ok(response.status()),
+        Err(failure) => Err(failure.describe()),
+    };
+    telemetry::upstream_ended(span, answered);
+    sent
+}
+
+async fn exchange_head(
     client: &UpstreamClient,
     request: Request<ProxyBody>,
     deadline: Instant,

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use opentelemetry::trace::SpanKind;
+
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
@@ -71,6 +73,8 @@ impl Around for Deadline {
         call: impl Future<Output = Result<T, StoreError>> + Send,
     ) -> Result<T, StoreError> {
         let started = tokio::time::Instant::now();
+        // A child of the request's server span, when it is traced (docs/behaviour.md §20).
+        let span = crate::telemetry::child(op.span_name(), SpanKind::Internal);
         let mut call = pin!(call);
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         let result = match first {
@@ -80,6 +84,9 @@ impl Around for Deadline {
                 .unwrap_or(Err(StoreError::Timeout(self.limit))),
         };
         self.timings.observe(op, started.elapsed());
+        if let Some(span) = span {
+            crate::telemetry::store_ended(span, &result);
+        }
         result
     }
 }

@@ -124,6 +124,55 @@ async fn check_output_with_a_token_is_refused_until_the_token_is_filled_in() {
     assert_eq!(third.stdout, first.stdout);
 }
 
+/// `telemetry.otlp` (docs/behaviour.md §20) as `--check` shows it, its header values
+/// masked, and a bad value refused naming the key, by `--check` and at start-up alike.
+#[tokio::test]
+async fn check_shows_the_trace_exporter_and_refuses_a_bad_one() {
+    let file = TempConfig::new(&format!(
+        "{MINIMAL}telemetry:\n  otlp:\n    endpoint: http://127.0.0.1:4317\n    \
+         protocol: grpc\n    headers:\n      x-api-key: k-77e1\n"
+    ));
+    let out = check(&file).await;
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    for line in [
+        "telemetry:",
+        "  otlp:",
+        "    endpoint: http://127.0.0.1:4317/",
+        "    protocol: grpc",
+        "    service_name: idemgate",
+        "    sample_ratio: 1.0",
+        "      x-api-key: '***'",
+        "#   telemetry.otlp.headers.x-api-key",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l == line),
+            "{line}:\n{}",
+            out.stdout
+        );
+    }
+    assert!(!out.stdout.contains("k-77e1"), "{}", out.stdout);
+
+    let bad = TempConfig::new(&format!(
+        "{MINIMAL}telemetry:\n  otlp:\n    endpoint: https://collector:4318\n"
+    ));
+    let refused = check(&bad).await;
+    assert_eq!(refused.code(), Some(1), "stdout: {}", refused.stdout);
+    assert!(
+        refused
+            .stderr
+            .contains("telemetry.otlp.endpoint: 'https://collector:4318': https is not supported"),
+        "{}",
+        refused.stderr
+    );
+    let started = run(idemgate().arg("--config").arg(bad.path())).await;
+    assert_eq!(started.code(), Some(1), "stdout: {}", started.stdout);
+    assert!(
+        started.stderr.contains("telemetry.otlp.endpoint: "),
+        "{}",
+        started.stderr
+    );
+}
+
 #[tokio::test]
 async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
     let cases = [

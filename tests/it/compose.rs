@@ -218,6 +218,18 @@ fn health_checks_call_only_what_their_images_have() {
 
     for (name, svc) in compose["services"].as_mapping().expect("services") {
         let name = name.as_str().expect("name");
+        if svc.get("healthcheck").is_none() {
+            // Only a service nobody waits on to be healthy may go without one.
+            let awaited = compose["services"]
+                .as_mapping()
+                .expect("services")
+                .values()
+                .any(|other| {
+                    other["depends_on"][name]["condition"].as_str() == Some("service_healthy")
+                });
+            assert!(!awaited, "{name} is waited on but has no health check");
+            continue;
+        }
         let test = strings(&svc["healthcheck"]["test"]);
         assert_eq!(
             test.first().map(String::as_str),
@@ -333,4 +345,77 @@ fn the_image_declares_the_file_stores_directory_as_a_volume() {
     );
     // Owned by the image's user, so that a fresh volume there is writable.
     assert!(dockerfile.contains(&format!("--chown=10001:10001 {path} {path}")));
+}
+
+/// The demo's OpenTelemetry Collector (docs/behaviour.md §20): a pinned image, reading the
+/// config the compose file mounts, which receives OTLP where config/docker.yaml sends it
+/// and prints traces with the `debug` exporter.
+#[test]
+fn the_collector_receives_idemgates_spans_where_docker_yaml_sends_them() {
+    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let collector = service(&compose, "otel-collector");
+    let image = collector["image"].as_str().expect("image");
+    let (repo, tag) = image.split_once(':').expect("a tag");
+    assert_eq!(repo, "otel/opentelemetry-collector");
+    assert!(
+        tag.split('.').count() == 3 && tag.split('.').all(|n| n.parse::<u32>().is_ok()),
+        "pinned by version, not {tag}"
+    );
+
+    // It reads the file mounted at the path its --config names.
+    let config_path = strings(&collector["command"])
+        .iter()
+        .find_map(|a| a.strip_prefix("--config=").map(str::to_owned))
+        .expect("--config=PATH");
+    let mounts = strings(&collector["volumes"]);
+    let mounted = mounts
+        .iter()
+        .find_map(|m| {
+            let (from, rest) = m.split_once(':')?;
+            (rest.split(':').next() == Some(config_path.as_str())).then(|| from.to_owned())
+        })
+        .expect("the config is mounted");
+    let otel: Value =
+        serde_yaml::from_str(&read(mounted.trim_start_matches("./"))).expect("collector config");
+
+    // Traces: OTLP in, debug out.
+    let traces = &otel["service"]["pipelines"]["traces"];
+    assert!(
+        strings(&traces["receivers"]).contains(&"otlp".to_owned()),
+        "{traces:?}"
+    );
+    assert!(
+        strings(&traces["exporters"]).contains(&"debug".to_owned()),
+        "{traces:?}"
+    );
+    assert!(
+        otel["exporters"]["debug"].is_mapping(),
+        "the debug exporter is defined"
+    );
+    for processor in strings(&traces["processors"]) {
+        assert!(
+            otel["processors"].get(processor.as_str()).is_some(),
+            "{processor}"
+        );
+    }
+
+    // idemgate sends where the collector listens, by the service's name.
+    let config =
+        Config::from_yaml_str(&read("config/docker.yaml"), &|_| None).expect("docker.yaml parses");
+    let otlp = config.telemetry.otlp.expect("docker.yaml exports traces");
+    let (host, port) = authority(&otlp.endpoint.to_string());
+    assert_eq!(host, "otel-collector");
+    let protocol = match otlp.protocol {
+        idemgate::config::OtlpProtocol::HttpProtobuf => "http",
+        idemgate::config::OtlpProtocol::Grpc => "grpc",
+    };
+    let listens = otel["receivers"]["otlp"]["protocols"][protocol]["endpoint"]
+        .as_str()
+        .expect("the receiver's endpoint");
+    assert_eq!(listens, format!("0.0.0.0:{port}"));
+    // idemgate starts after it, without waiting for health it cannot report.
+    assert_eq!(
+        service(&compose, "idemgate")["depends_on"]["otel-collector"]["condition"].as_str(),
+        Some("service_started")
+    );
 }

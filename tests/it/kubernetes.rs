@@ -306,6 +306,20 @@ fn the_redis_variant_puts_idemgate_in_front_of_the_app_and_keeps_it_locked_down(
         example.text.contains("${REDIS_URL}") && !example.text.contains("redis://"),
         "the Redis URL and its password come from the Secret only"
     );
+    // Traces go to the collector agent on the pod's own node (docs/behaviour.md §20).
+    let otlp = example
+        .config
+        .telemetry
+        .otlp
+        .as_ref()
+        .expect("the example exports traces");
+    assert!(example.text.contains("endpoint: http://${NODE_IP}:4318"));
+    assert_eq!(
+        otlp.traces_url(),
+        format!("http://{}:4318/v1/traces", support::kube::HOST_IP)
+    );
+    assert_eq!(otlp.protocol, idemgate::config::OtlpProtocol::HttpProtobuf);
+    assert!((0.0..=1.0).contains(&otlp.sample_ratio));
 }
 
 #[test]

@@ -6,11 +6,10 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use idemgate::config::Config;
-use idemgate::idempotency::{Fingerprint, IdempotencyKey, OwnerToken, ScopedKey};
 use idemgate::metrics::StoreOp;
-use idemgate::store::{ClaimRequest, MemoryStore, Store};
+use idemgate::store::{MemoryStore, Store};
 use support::stall::{Stalling, When, stalling};
-use support::{Proxy, Upstream};
+use support::{Proxy, Upstream, crashed_owner};
 
 /// A proxy whose store stalls `op`, from YAML with `{upstream}`.
 async fn stalling_proxy(
@@ -23,34 +22,6 @@ async fn stalling_proxy(
     let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
     let store = stalling(MemoryStore::new(1000), op, when);
     Proxy::with_store(config, store).await
-}
-
-/// What a proxy that died after forwarding leaves: a marker for the POST that
-/// `TestClient::post(path, key, "{}")` sends, its lease already over.
-async fn crashed_owner<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) {
-    let key: IdempotencyKey = idemgate::idempotency::key::parse_value(key.as_bytes()).expect("key");
-    let mut headers = http::HeaderMap::new();
-    headers.insert(
-        "content-type",
-        http::HeaderValue::from_static("application/json"),
-    );
-    let policy = &proxy.state.config.idempotency;
-    let claim = ClaimRequest {
-        key: ScopedKey::new(&headers, &policy.scope_headers, &key),
-        scope: None,
-        fingerprint: Fingerprint::new(
-            &http::Method::POST,
-            path,
-            &headers,
-            &policy.fingerprint_rules(),
-            b"{}",
-        ),
-        token: OwnerToken::random(),
-        lease: Duration::ZERO,
-        ttl: policy.ttl,
-        streamed: false,
-    };
-    let _ = proxy.state.store.claim(claim).await.expect("claim");
 }
 
 /// Waits for a condition on the metrics, failing the test after 10 s instead of hanging.

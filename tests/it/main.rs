@@ -54,6 +54,7 @@ mod sentinel;
 mod store_contract;
 mod streaming;
 mod support;
+mod traces;
 mod upgrade;
 mod uploads;
 mod upstream_outcomes;

@@ -19,6 +19,7 @@ mod limits;
 mod principal;
 mod reconcile;
 mod reload;
+mod telemetry;
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -80,6 +81,20 @@ fn with_secrets_filled(config: Config) -> Config {
         admin: AdminConfig {
             token: config.admin.token.as_ref().map(|_| AdminToken::new(FILLED)),
             ..config.admin.clone()
+        },
+        telemetry: TelemetryConfig {
+            otlp: config.telemetry.otlp.clone().map(|otlp| OtlpConfig {
+                headers: otlp
+                    .headers
+                    .iter()
+                    .map(|(name, _)| {
+                        let mut value = http::HeaderValue::from_static(FILLED);
+                        value.set_sensitive(true);
+                        (name.clone(), value)
+                    })
+                    .collect(),
+                ..otlp
+            }),
         },
         ..config
     }

@@ -77,7 +77,12 @@ pub fn container<'a>(workload: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-/// The environment the container gets: plain values and the Secret's entries.
+/// What the downward API gives a container for `fieldRef: status.hostIP` here: an address
+/// of the documentation range (RFC 5737), never contacted (`--check` starts no exporter).
+pub const HOST_IP: &str = "192.0.2.10";
+
+/// The environment the container gets: plain values, the Secret's entries, and the
+/// node's address from the downward API.
 pub fn container_env(c: &Value, secret: &Value) -> Vec<(String, String)> {
     let secret_name = str_of(&secret["metadata"]["name"], "Secret name");
     c["env"]
@@ -86,8 +91,10 @@ pub fn container_env(c: &Value, secret: &Value) -> Vec<(String, String)> {
             env.iter()
                 .map(|e| {
                     let name = str_of(&e["name"], "env name").to_owned();
+                    let field = &e["valueFrom"]["fieldRef"]["fieldPath"];
                     let value = match e.get("value") {
                         Some(v) => str_of(v, "env value").to_owned(),
+                        None if field.as_str() == Some("status.hostIP") => HOST_IP.to_owned(),
                         None => {
                             let r = &e["valueFrom"]["secretKeyRef"];
                             assert_eq!(str_of(&r["name"], "secretKeyRef.name"), secret_name);

@@ -11,6 +11,7 @@ pub mod fault;
 pub mod jwt;
 pub mod kube;
 pub mod monitor;
+pub mod otlp;
 pub mod pki;
 pub mod redis;
 pub mod servers;
@@ -32,9 +33,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idemgate::config::Config;
+use idemgate::idempotency::{Fingerprint, IdempotencyKey, OwnerToken, ScopedKey};
 use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
-use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use idemgate::store::{ClaimRequest, FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -161,6 +163,34 @@ impl<S: Store> Drop for Proxy<S> {
             task.abort();
         }
     }
+}
+
+/// What a proxy that died after forwarding leaves: a marker for the POST that
+/// `TestClient::post(path, key, "{}")` sends, its lease already over.
+pub async fn crashed_owner<S: Store>(proxy: &Proxy<S>, path: &str, key: &str) {
+    let key: IdempotencyKey = idemgate::idempotency::key::parse_value(key.as_bytes()).expect("key");
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let policy = &proxy.state.config.idempotency;
+    let claim = ClaimRequest {
+        key: ScopedKey::new(&headers, &policy.scope_headers, &key),
+        scope: None,
+        fingerprint: Fingerprint::new(
+            &http::Method::POST,
+            path,
+            &headers,
+            &policy.fingerprint_rules(),
+            b"{}",
+        ),
+        token: OwnerToken::random(),
+        lease: Duration::ZERO,
+        ttl: policy.ttl,
+        streamed: false,
+    };
+    let _ = proxy.state.store.claim(claim).await.expect("claim");
 }
 
 /// A minimal YAML config in front of `{upstream}`.

@@ -4,7 +4,8 @@
 //! then the rest of the path decides;
 //! `/status/NNN` answers NNN; `/big/N` answers N bytes; `/reset` reads the request and
 //! drops the connection; `/hang` never answers; anything else answers 201 with a JSON
-//! body naming the execution number.
+//! body naming the execution number (and the `traceparent` and `tracestate` it got, as
+//! headers).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -187,7 +188,14 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full
         "authorization": parts.headers.get("authorization").and_then(|v| v.to_str().ok()),
         "body": String::from_utf8_lossy(&body),
     });
-    Ok(Response::builder()
+    let mut response = Response::builder();
+    // As traced servers may: the trace context it was called under, sent back.
+    for name in ["traceparent", "tracestate"] {
+        if let Some(value) = parts.headers.get(name) {
+            response = response.header(name, value);
+        }
+    }
+    Ok(response
         .status(StatusCode::CREATED)
         .header("content-type", "application/json")
         .header("set-cookie", format!("session={n}"))
