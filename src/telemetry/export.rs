@@ -2,8 +2,10 @@
 //!
 //! A request that ends a span only offers it to a bounded queue ([`Queue`], the SDK's
 //! span processor): it never waits, and a span the queue has no room for is dropped and
-//! counted. The queue is read by a thread of its own with its own runtime, which sends
-//! batches through the OTLP exporter (hyper for `http/protobuf`, tonic for `grpc`), so
+//! counted. Nor does it wake anyone: the queue is read every [`FLUSH_EVERY`], or when it
+//! is half full, by a thread of its own with its own runtime (a reader woken for every
+//! span cost a thread switch per span: a third of what tracing added to a first
+//! execution, BENCHMARKS.md, issue 31), which sends batches through the OTLP exporter (hyper for `http/protobuf`, tonic for `grpc`), so
 //! that a slow or absent collector costs the workers nothing. A batch the collector
 //! refuses, or that cannot reach it, is dropped and counted too; the drops are logged
 //! at `warn` at most once a minute.
@@ -24,7 +26,7 @@ use opentelemetry_otlp::{
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter as _, SpanProcessor};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{OtlpConfig, OtlpProtocol};
@@ -34,8 +36,8 @@ use crate::metrics::SpanDrops;
 const QUEUE: usize = 2048;
 /// Spans per export request, at most.
 const BATCH: usize = 512;
-/// How long the first span of a batch waits for others.
-const LINGER: Duration = Duration::from_millis(500);
+/// How often the queue is read when it is less than half full.
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// One export, its retries included.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Drops are logged at most this often.
@@ -56,6 +58,8 @@ pub enum TelemetryError {
 #[derive(Debug)]
 pub(super) struct Queue {
     spans: mpsc::Sender<SpanData>,
+    /// Wakes the exporter's thread early, once the queue is half full.
+    half_full: Arc<Notify>,
     dropped: Arc<Dropped>,
 }
 
@@ -64,7 +68,11 @@ impl SpanProcessor for Queue {
 
     fn on_end(&self, span: SpanData) {
         match self.spans.try_send(span) {
-            Ok(()) => {}
+            Ok(()) => {
+                if self.spans.capacity() <= QUEUE / 2 {
+                    self.half_full.notify_one();
+                }
+            }
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.dropped
                     .count(1, "the export queue is full (the collector is slow)");
@@ -156,6 +164,7 @@ pub(super) fn start(
     drops: SpanDrops,
 ) -> Result<(Queue, Exporter), TelemetryError> {
     let (spans, queued) = mpsc::channel(QUEUE);
+    let half_full = Arc::new(Notify::new());
     let dropped = Arc::new(Dropped {
         drops,
         endpoint: config.traces_url(),
@@ -168,6 +177,7 @@ pub(super) fn start(
     let (finished, done) = std::sync::mpsc::channel();
     let thread = {
         let (config, stop, dropped) = (config.clone(), stop.clone(), Arc::clone(&dropped));
+        let half_full = Arc::clone(&half_full);
         move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -190,7 +200,7 @@ pub(super) fn start(
                 };
                 exporter.set_resource(&resource);
                 let _ = built.send(Ok(()));
-                send(&exporter, queued, &stop, &dropped).await;
+                send(&exporter, queued, &half_full, &stop, &dropped).await;
                 let _ = exporter.shutdown();
             });
             drop(runtime);
@@ -204,7 +214,11 @@ pub(super) fn start(
         .map_err(TelemetryError::Thread)?;
     was_built.recv().map_err(|_| TelemetryError::Gone)??;
     Ok((
-        Queue { spans, dropped },
+        Queue {
+            spans,
+            half_full,
+            dropped,
+        },
         Exporter {
             stop,
             done: std::sync::Mutex::new(Some(done)),
@@ -251,43 +265,55 @@ fn exporter(config: &OtlpConfig) -> Result<SpanExporter, TelemetryError> {
 }
 
 /// Sends batches until the queue closes (the provider was dropped) or `stop`, then what
-/// is left.
+/// is left. The queue is only ever read with `try_recv`: a receiver waiting in `recv`
+/// would be woken by every span sent.
 async fn send(
     exporter: &SpanExporter,
     mut queued: mpsc::Receiver<SpanData>,
+    half_full: &Notify,
     stop: &CancellationToken,
     dropped: &Dropped,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        let first = tokio::select! {
+        let stopping = tokio::select! {
             biased;
-            () = stop.cancelled() => None,
-            span = queued.recv() => span,
+            () = stop.cancelled() => true,
+            () = half_full.notified() => false,
+            () = tokio::time::sleep(FLUSH_EVERY) => false,
         };
-        let Some(first) = first else { break };
-        batch.push(first);
-        let linger = tokio::time::sleep(LINGER);
-        tokio::pin!(linger);
-        while batch.len() < BATCH {
-            let room = BATCH - batch.len();
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => break,
-                () = &mut linger => break,
-                read = queued.recv_many(&mut batch, room) => if read == 0 { break },
+        if stopping || !drain(exporter, &mut queued, &mut batch, dropped).await {
+            break;
+        }
+    }
+    drain(exporter, &mut queued, &mut batch, dropped).await;
+}
+
+/// Exports what is queued, a batch at a time; `false` once the queue has closed.
+async fn drain(
+    exporter: &SpanExporter,
+    queued: &mut mpsc::Receiver<SpanData>,
+    batch: &mut Vec<SpanData>,
+    dropped: &Dropped,
+) -> bool {
+    loop {
+        let open = loop {
+            if batch.len() == BATCH {
+                break true;
             }
+            match queued.try_recv() {
+                Ok(span) => batch.push(span),
+                Err(mpsc::error::TryRecvError::Empty) => break true,
+                Err(mpsc::error::TryRecvError::Disconnected) => break false,
+            }
+        };
+        let full = batch.len() == BATCH;
+        if !batch.is_empty() {
+            export(exporter, batch, dropped).await;
         }
-        export(exporter, &mut batch, dropped).await;
-    }
-    while let Ok(span) = queued.try_recv() {
-        batch.push(span);
-        if batch.len() == BATCH {
-            export(exporter, &mut batch, dropped).await;
+        if !open || !full {
+            return open;
         }
-    }
-    if !batch.is_empty() {
-        export(exporter, &mut batch, dropped).await;
     }
 }
 
