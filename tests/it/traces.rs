@@ -11,12 +11,24 @@ use idemgate::config::Config;
 use idemgate::proxy::reload::reload;
 use support::bin::{Running, TempConfig, free_port};
 use support::otlp::{Attr, GotSpan, Receiver};
-use support::{Proxy, TestClient, Upstream};
+use support::{Proxy, Resp, TestClient, Upstream};
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 /// The client's trace, and its span that idemgate's server span is a child of.
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// POSTs `{}` to `/charges` with `key`, in the client's trace `parent`.
+async fn charge(client: &TestClient, key: &str, parent: &str) -> Resp {
+    client
+        .send(
+            "POST",
+            "/charges",
+            &[("idempotency-key", key), JSON, ("traceparent", parent)],
+            "{}",
+        )
+        .await
+}
 
 fn traceparent(trace: &str, span: &str) -> String {
     format!("00-{trace}-{span}-01")
@@ -129,18 +141,7 @@ async fn a_replay_is_traced_as_replayed_and_never_carries_the_first_requests_tra
     let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
     let c = proxy.client();
     let first_parent = traceparent(TRACE, CLIENT_SPAN);
-    let first = c
-        .send(
-            "POST",
-            "/charges",
-            &[
-                ("idempotency-key", "k2"),
-                JSON,
-                ("traceparent", &first_parent),
-            ],
-            "{}",
-        )
-        .await;
+    let first = charge(&c, "k2", &first_parent).await;
     // The upstream echoes the trace context it was called under.
     assert!(
         first.headers.contains_key("traceparent"),
@@ -150,18 +151,7 @@ async fn a_replay_is_traced_as_replayed_and_never_carries_the_first_requests_tra
 
     let retry_trace = "0af7651916cd43dd8448eb211c80319c";
     let retry_parent = traceparent(retry_trace, "b7ad6b7169203331");
-    let retry = c
-        .send(
-            "POST",
-            "/charges",
-            &[
-                ("idempotency-key", "k2"),
-                JSON,
-                ("traceparent", &retry_parent),
-            ],
-            "{}",
-        )
-        .await;
+    let retry = charge(&c, "k2", &retry_parent).await;
     assert!(retry.replayed());
     assert_eq!(up.count(), 1, "a replay goes nowhere upstream");
     assert!(
@@ -338,15 +328,7 @@ async fn spans_reach_a_grpc_collector() {
     let collector = Receiver::start().await;
     let proxy = traced_proxy(&up, &collector.url(), "grpc").await;
     let parent = traceparent(TRACE, CLIENT_SPAN);
-    let answer = proxy
-        .client()
-        .send(
-            "POST",
-            "/charges",
-            &[("idempotency-key", "g1"), JSON, ("traceparent", &parent)],
-            "{}",
-        )
-        .await;
+    let answer = charge(&proxy.client(), "g1", &parent).await;
     assert_eq!(answer.status, 201);
     let server = collector.span(TRACE, "POST").await;
     assert_eq!(server.transport, "grpc");
@@ -516,14 +498,7 @@ async fn the_binary_sends_what_is_queued_before_it_exits() {
     let path = file.path().to_str().expect("utf-8 path");
     let mut running = Running::start(&["--config", path]).await;
     let parent = traceparent(TRACE, CLIENT_SPAN);
-    let answer = TestClient::new(running.addr)
-        .send(
-            "POST",
-            "/charges",
-            &[("idempotency-key", "exit"), JSON, ("traceparent", &parent)],
-            "{}",
-        )
-        .await;
+    let answer = charge(&TestClient::new(running.addr), "exit", &parent).await;
     assert_eq!(answer.status, 201);
     running.terminate().await;
     collector
@@ -594,15 +569,7 @@ async fn a_take_over_of_a_crashed_owners_claim_is_an_event_and_a_store_span() {
     let proxy = traced_proxy(&up, &collector.url(), "http/protobuf").await;
     support::crashed_owner(&proxy, "/charges", "t1").await;
     let parent = traceparent(TRACE, CLIENT_SPAN);
-    let answer = proxy
-        .client()
-        .send(
-            "POST",
-            "/charges",
-            &[("idempotency-key", "t1"), JSON, ("traceparent", &parent)],
-            "{}",
-        )
-        .await;
+    let answer = charge(&proxy.client(), "t1", &parent).await;
     // Under `on_unknown_outcome: record`, the crashed owner's unknown outcome is the key's.
     assert_eq!(answer.problem(), "outcome-unknown");
     assert_eq!(up.count(), 0);

@@ -163,11 +163,6 @@ impl Answer {
 
 /// POSTs `body` to `addr` + `path` with `key`, on a connection of its own.
 pub async fn upload(addr: SocketAddr, path: &str, key: &str, body: Generated) -> Answer {
-    let stream = TcpStream::connect(addr).await.expect("connect to idemgate");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    let conn = tokio::spawn(conn);
     let mut req = Request::post(format!("http://{addr}{path}"))
         .header("host", addr.to_string())
         .header("idempotency-key", key)
@@ -175,34 +170,30 @@ pub async fn upload(addr: SocketAddr, path: &str, key: &str, body: Generated) ->
     if !body.chunked {
         req = req.header("content-length", body.len);
     }
-    let req = req.body(body.body(None)).expect("request");
-    let response = sender.send_request(req).await.expect("an answer");
-    let (parts, incoming) = response.into_parts();
-    let bytes = incoming
-        .collect()
-        .await
-        .expect("the answer's body")
-        .to_bytes();
-    conn.abort();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: bytes,
-    }
+    send(addr, req.body(body.body(None)).expect("request")).await
 }
 
 /// POSTs a small body with `key`: a request idemgate buffers.
 pub async fn small(addr: SocketAddr, path: &str, key: &str) -> Answer {
-    let stream = TcpStream::connect(addr).await.expect("connect to idemgate");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    let conn = tokio::spawn(conn);
     let req = Request::post(format!("http://{addr}{path}"))
         .header("host", addr.to_string())
         .header("idempotency-key", key)
         .body(Full::new(Bytes::from_static(b"{}")))
         .expect("request");
+    send(addr, req).await
+}
+
+/// Sends `req` to `addr` on a connection of its own and reads the whole answer.
+async fn send<B>(addr: SocketAddr, req: Request<B>) -> Answer
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = TcpStream::connect(addr).await.expect("connect to idemgate");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    let conn = tokio::spawn(conn);
     let response = sender.send_request(req).await.expect("an answer");
     let (parts, incoming) = response.into_parts();
     let bytes = incoming
@@ -218,9 +209,14 @@ pub async fn small(addr: SocketAddr, path: &str, key: &str) -> Answer {
     }
 }
 
-/// Declares `body`'s whole length, sends `sent` bytes of it, and closes the
-/// connection: a client killed half-way.
-pub async fn abandon(addr: SocketAddr, path: &str, key: &str, body: Generated, sent: u64) {
+/// Declares `body`'s whole length and sends `sent` bytes of it.
+async fn send_part(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    body: Generated,
+    sent: u64,
+) -> TcpStream {
     let mut stream = TcpStream::connect(addr).await.expect("connect to idemgate");
     let head = format!(
         "POST {path} HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: {key}\r\n\
@@ -236,7 +232,13 @@ pub async fn abandon(addr: SocketAddr, path: &str, key: &str, body: Generated, s
         stream.write_all(&data).await.expect("write body");
     }
     stream.flush().await.expect("flush");
-    drop(stream);
+    stream
+}
+
+/// Declares `body`'s whole length, sends `sent` bytes of it, and closes the
+/// connection: a client killed half-way.
+pub async fn abandon(addr: SocketAddr, path: &str, key: &str, body: Generated, sent: u64) {
+    drop(send_part(addr, path, key, body, sent).await);
 }
 
 /// Declares `body`'s whole length, sends `sent` bytes of it, then reads the answer
@@ -250,21 +252,7 @@ pub async fn answered_half_way(
     sent: u64,
 ) -> String {
     use tokio::io::AsyncReadExt;
-    let mut stream = TcpStream::connect(addr).await.expect("connect to idemgate");
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: {addr}\r\nidempotency-key: {key}\r\n\
-         content-type: application/pdf\r\ncontent-length: {}\r\n\r\n",
-        body.len
-    );
-    stream.write_all(head.as_bytes()).await.expect("write head");
-    let mut frames = body.body(Some(sent));
-    while let Some(frame) = frames.frame().await {
-        let Ok(data) = frame.expect("infallible").into_data() else {
-            continue;
-        };
-        stream.write_all(&data).await.expect("write body");
-    }
-    stream.flush().await.expect("flush");
+    let mut stream = send_part(addr, path, key, body, sent).await;
     let mut answer = Vec::new();
     let mut buf = [0u8; 1024];
     while !answer.windows(2).any(|w| w == b"\r\n") {
