@@ -122,19 +122,19 @@ impl Drop for Telemetry {
 }
 
 /// How a request ended, for its server span.
-#[derive(Debug, Clone, Copy)]
-pub struct Answered<'a> {
+#[derive(Debug, Clone)]
+pub struct Answered {
     pub status: StatusCode,
     pub outcome: Outcome,
     /// Whether the answer carries `Idempotent-Replayed: true`.
     pub replayed: bool,
     /// The record's id (`key_prefix` + hex), when the request was addressed one.
-    pub record_id: Option<&'a str>,
+    pub record_id: Option<String>,
 }
 
 /// Ends the server span of `cx` with the answer's attributes; the `idempotency.*` ones
 /// only for a request the guard handled (any outcome but `passthrough`).
-pub fn end_server(cx: &Context, answered: Answered<'_>) {
+pub fn end_server(cx: &Context, answered: Answered) {
     let span = cx.span();
     span.set_attribute(KeyValue::new(
         "http.response.status_code",
@@ -147,7 +147,7 @@ pub fn end_server(cx: &Context, answered: Answered<'_>) {
         ));
         span.set_attribute(KeyValue::new("idempotency.replayed", answered.replayed));
         if let Some(id) = answered.record_id {
-            span.set_attribute(KeyValue::new("idempotency.record_id", id.to_owned()));
+            span.set_attribute(KeyValue::new("idempotency.record_id", id));
         }
     }
     // A server span is in error for a 5xx only (HTTP semantic conventions).

@@ -55,42 +55,29 @@ const MAX_DELAY: Duration = Duration::from_secs(10);
 /// [`load::DELAY_HEADER`] (the `slow` scenario) is answered that many milliseconds
 /// later, up to [`MAX_DELAY`]: a tokio sleep, which holds no thread.
 pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    serve(listener, move |req| {
         let body = body.clone();
-        let svc = service_fn(move |req: Request<Incoming>| {
-            let body = body.clone();
-            async move {
-                let delay = req
-                    .headers()
-                    .get(load::DELAY_HEADER)
-                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                    .map(|ms| Duration::from_millis(ms).min(MAX_DELAY));
-                // A real backend reads what it was sent; so does this one.
-                let _ = req.into_body().collect().await;
-                if let Some(delay) = delay {
-                    tokio::time::sleep(delay).await;
-                }
-                let mut response = Response::new(Full::new(body));
-                *response.status_mut() = StatusCode::CREATED;
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                Ok::<_, Infallible>(response)
+        async move {
+            let delay = req
+                .headers()
+                .get(load::DELAY_HEADER)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .map(|ms| Duration::from_millis(ms).min(MAX_DELAY));
+            // A real backend reads what it was sent; so does this one.
+            let _ = req.into_body().collect().await;
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
             }
-        });
-        tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
+            let mut response = Response::new(Full::new(body));
+            *response.status_mut() = StatusCode::CREATED;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+    })
+    .await;
 }
 
 /// Serves an OpenTelemetry collector that keeps nothing on `listener`, for the
@@ -98,19 +85,35 @@ pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
 /// `ExportTraceServiceResponse` (an empty protobuf message is zero bytes), as fast as a
 /// collector on the same host could.
 pub(crate) async fn otlp_sink(listener: TcpListener) {
+    serve(listener, |req| async move {
+        let _ = req.into_body().collect().await;
+        let mut response = Response::new(Full::new(Bytes::new()));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-protobuf"),
+        );
+        response
+    })
+    .await;
+}
+
+/// Serves HTTP/1.1 keep-alive connections on `listener` (with `TCP_NODELAY`), each
+/// request answered by `answer`, until the task is dropped.
+async fn serve<F, Fut>(listener: TcpListener, answer: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let svc = service_fn(|req: Request<Incoming>| async move {
-            let _ = req.into_body().collect().await;
-            let mut response = Response::new(Full::new(Bytes::new()));
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-protobuf"),
-            );
-            Ok::<_, Infallible>(response)
+        let _ = stream.set_nodelay(true);
+        let answer = answer.clone();
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let reply = answer(req);
+            async move { Ok::<_, Infallible>(reply.await) }
         });
         tokio::spawn(async move {
             let _ = hyper::server::conn::http1::Builder::new()

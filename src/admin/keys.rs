@@ -65,7 +65,7 @@ async fn serve<S: Store>(
             return Err(AdminError::MethodNotAllowed);
         }
         let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
-        let shown = format!("{prefix}{}", key.to_hex());
+        let shown = key.id(prefix);
         let max_body = live.config.largest_response_body();
         let body = read_limited(req.into_body(), resolution_limit(max_body)).await?;
         // A body that is not a resolution is refused before the store is asked.
@@ -84,7 +84,7 @@ async fn serve<S: Store>(
         _ => return Err(AdminError::MethodNotAllowed),
     };
     let key = parse_id(id, prefix).ok_or(AdminError::KeyNotFound)?;
-    let shown = format!("{prefix}{}", key.to_hex());
+    let shown = key.id(prefix);
     if !purge {
         return Ok(json(&describe(&shown, &inspected(state, key).await?)));
     }

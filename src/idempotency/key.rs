@@ -331,7 +331,13 @@ impl ScopedKey {
 
     /// Lower-case hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        hex(&self.0)
+        hex_after("", &self.0)
+    }
+
+    /// The record's id, as `idemgate key` prints it, the admin API and traces show it
+    /// and the Redis store names its key: `prefix` (`key_prefix`) + [`to_hex`](Self::to_hex).
+    pub fn id(&self, prefix: &str) -> String {
+        hex_after(prefix, &self.0)
     }
 
     /// The key printed by [`to_hex`](Self::to_hex), either case; `None` for anything
@@ -437,8 +443,14 @@ fn trim(mut bytes: &[u8]) -> &[u8] {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
+    hex_after("", bytes)
+}
+
+/// `prefix`, then `bytes` in lower-case hex, in one allocation.
+fn hex_after(prefix: &str, bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
+    let mut out = String::with_capacity(prefix.len() + bytes.len() * 2);
+    out.push_str(prefix);
     for &b in bytes {
         out.push(char::from(DIGITS[usize::from(b >> 4)]));
         out.push(char::from(DIGITS[usize::from(b & 0xf)]));
@@ -814,6 +826,13 @@ mod tests {
             h.chars()
                 .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
         );
+    }
+
+    #[test]
+    fn an_id_is_the_prefix_then_the_hex() {
+        let key = scoped(&[], "k");
+        assert_eq!(key.id("idem:"), format!("idem:{}", key.to_hex()));
+        assert_eq!(key.id(""), key.to_hex());
     }
 
     #[test]

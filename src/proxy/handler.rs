@@ -113,14 +113,14 @@ async fn traced<S: Store, B: RequestBody>(
         .await;
     let record_id = scoped_key
         .as_ref()
-        .map(|key| format!("{}{}", state.config.store.key_prefix, key.to_hex()));
+        .map(|key| key.id(&state.config.store.key_prefix));
     telemetry::end_server(
         &cx,
         Answered {
             status: counted.status(),
             outcome: counted.outcome(),
             replayed: counted.replayed(),
-            record_id: record_id.as_deref(),
+            record_id,
         },
     );
     counted

@@ -78,5 +78,5 @@ pub fn record_id(
         }
     };
     let scoped = policy.address(headers, principal.as_ref(), source, &key);
-    Ok(format!("{}{}", config.store.key_prefix, scoped.to_hex()))
+    Ok(scoped.id(&config.store.key_prefix))
 }

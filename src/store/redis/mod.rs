@@ -310,10 +310,7 @@ impl RedisStore {
 
     /// The Redis key of a record: exactly `key_prefix` + 64 hex characters.
     pub fn record_key(&self, key: &ScopedKey) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + 64);
-        out.push_str(&self.prefix);
-        out.push_str(&key.to_hex());
-        out
+        key.id(&self.prefix)
     }
 
     /// Where changes of a key are announced to waiters; empty when nobody can wait, so

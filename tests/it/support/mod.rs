@@ -38,6 +38,39 @@ use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
 use idemgate::store::{ClaimRequest, FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use std::time::Duration;
+
+/// Serves `listener` on a task of its own, HTTP/1.1 or HTTP/2 as each client speaks, every
+/// request answered by `answer` with `shared`: the test servers' accept loop, once. The
+/// task is the caller's to abort.
+pub fn serve_each<S, F, Fut, B, E>(
+    listener: TcpListener,
+    shared: Arc<S>,
+    answer: F,
+) -> JoinHandle<()>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<hyper::body::Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<http::Response<B>, E>> + Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| answer(Arc::clone(&shared), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    })
+}
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

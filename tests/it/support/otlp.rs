@@ -15,9 +15,6 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -93,23 +90,8 @@ impl Receiver {
             held: Mutex::new(false),
             gate: Semaphore::new(0),
         });
-        let accept = Arc::clone(&shared);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = Arc::clone(&accept);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let shared = Arc::clone(&shared);
-                        async move { Ok::<_, Infallible>(receive(&shared, req).await) }
-                    });
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let task = super::serve_each(listener, Arc::clone(&shared), |shared, req| async move {
+            Ok::<_, Infallible>(receive(&shared, req).await)
         });
         Receiver { addr, shared, task }
     }

@@ -16,9 +16,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -300,23 +298,8 @@ impl UploadServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let shared = Arc::new(Shared::default());
-        let accepting = Arc::clone(&shared);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = Arc::clone(&accepting);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let shared = Arc::clone(&shared);
-                        async move { answer(&shared, req).await }
-                    });
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let task = super::serve_each(listener, Arc::clone(&shared), |shared, req| async move {
+            answer(&shared, req).await
         });
         Self { addr, shared, task }
     }

@@ -14,9 +14,6 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -64,23 +61,8 @@ impl Upstream {
             arrived: Notify::new(),
             gate: Semaphore::new(0),
         });
-        let accept_shared = Arc::clone(&shared);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = Arc::clone(&accept_shared);
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let shared = Arc::clone(&shared);
-                        async move { answer(&shared, req).await }
-                    });
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        let task = super::serve_each(listener, Arc::clone(&shared), |shared, req| async move {
+            answer(&shared, req).await
         });
         Upstream { addr, shared, task }
     }
