@@ -496,3 +496,76 @@ async fn a_response_still_streaming_keeps_its_connection_open() {
     assert_eq!(answer.matches("1\r\nx\r\n").count(), 25, "{answer}");
     upstream.await.expect("upstream");
 }
+
+/// `CONNECT` asks for a tunnel, which idemgate never opens, and a `*` target names the
+/// server, not a resource (`OPTIONS *`): neither is forwarded (docs/behaviour.md §25).
+/// `CONNECT` is `405` with `Allow`, a `*` target `400 bad-request`, whatever the route
+/// or key.
+#[tokio::test]
+async fn connect_and_asterisk_targets_are_answered_and_never_forwarded() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(GUARDED, &up).await;
+    let close = "connection: close\r\n";
+    for (what, request, status, slug) in [
+        (
+            "CONNECT",
+            format!("CONNECT api.test:443 HTTP/1.1\r\nhost: api.test:443\r\n{close}\r\n"),
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "CONNECT with a key",
+            format!(
+                "CONNECT api.test:80 HTTP/1.1\r\nhost: api.test:80\r\nidempotency-key: k\r\n{close}\r\n"
+            ),
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "OPTIONS *",
+            format!("OPTIONS * HTTP/1.1\r\nhost: api.test\r\n{close}\r\n"),
+            400,
+            "bad-request",
+        ),
+        (
+            "OPTIONS * over HTTP/1.0",
+            "OPTIONS * HTTP/1.0\r\n\r\n".to_owned(),
+            400,
+            "bad-request",
+        ),
+        (
+            "POST * with a key",
+            "POST * HTTP/1.1\r\nhost: api.test\r\ncontent-type: application/json\r\n\
+             content-length: 2\r\nidempotency-key: k\r\nconnection: close\r\n\r\n{}"
+                .to_owned(),
+            400,
+            "bad-request",
+        ),
+    ] {
+        let answer = raw_request(proxy.addr, request.as_bytes()).await;
+        assert_eq!(statuses(&answer), [status], "{what}: {answer}");
+        assert!(answer.contains(slug), "{what}: {answer}");
+        let allow = answer
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("allow").then(|| value.trim())
+            })
+            .map(str::to_owned);
+        if status == 405 {
+            let allow = allow.unwrap_or_else(|| panic!("{what}: no Allow in {answer}"));
+            assert!(
+                allow.contains("POST") && !allow.contains("CONNECT"),
+                "{what}: {allow}"
+            );
+        }
+    }
+    assert_eq!(up.count(), 0, "nothing was forwarded: {:?}", up.seen());
+    assert_eq!(
+        proxy
+            .state
+            .metrics
+            .requests(idemgate::metrics::Outcome::BadRequest),
+        5
+    );
+}
