@@ -569,3 +569,42 @@ async fn connect_and_asterisk_targets_are_answered_and_never_forwarded() {
         5
     );
 }
+
+/// An intermediary that folds two `Cookie` lines into one joins them with `, `; read as
+/// one cookie, `theme=dark, session=A` would hide `session` and put every such client
+/// in the anonymous scope together. Parsed as if separated by `; `
+/// (docs/behaviour.md §25), two sessions are two scopes, neither the anonymous one.
+#[tokio::test]
+async fn cookies_joined_by_a_comma_scope_by_their_own_values() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(
+        "upstream:\n  url: {upstream}\nidempotency:\n  scope_cookies: [session]\n",
+        &up,
+    )
+    .await;
+    let c = proxy.client();
+    let with = |cookie: Option<&'static str>| {
+        let c = c.clone();
+        async move {
+            let mut headers = vec![
+                ("idempotency-key", "same"),
+                ("content-type", "application/json"),
+            ];
+            headers.extend(cookie.map(|cookie| ("cookie", cookie)));
+            c.send("POST", "/charges", &headers, "{}").await
+        }
+    };
+    let anonymous = with(None).await;
+    let a = with(Some("theme=dark, session=tenant-a")).await;
+    let b = with(Some("theme=dark, session=tenant-b")).await;
+    for (who, answer) in [("anonymous", &anonymous), ("a", &a), ("b", &b)] {
+        assert_eq!(answer.status, 201, "{who}: {answer:?}");
+        assert!(!answer.replayed(), "{who} got another scope's record");
+    }
+    assert_ne!(a.body, anonymous.body);
+    assert_ne!(b.body, a.body);
+    let a_again = with(Some("session=tenant-a")).await;
+    assert!(a_again.replayed(), "{a_again:?}");
+    assert_eq!(a_again.body, a.body);
+    assert_eq!(up.count(), 3);
+}
