@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{ALLOW, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::config::{ErrorFormat, ErrorsConfig};
 use crate::idempotency::path::PathError;
@@ -25,6 +25,10 @@ const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a client is asked to wait after `503 overloaded`.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The `Allow` of the proxy's `405`: every method but `CONNECT` is forwarded, these
+/// being the ones RFC 9110 defines (docs/behaviour.md §25).
+const PROXY_ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH";
+
 /// Why a request's authority was refused (RFC 9112 §3.2); a refused path is a
 /// [`PathError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +43,12 @@ pub(crate) enum TargetError {
     DuplicateHost,
     #[error("the request target's authority differs from its Host header")]
     HostMismatch,
+    /// `CONNECT` asks for a tunnel, which idemgate never opens: `405`.
+    #[error("CONNECT asks for a tunnel, which this proxy never opens")]
+    Connect,
+    /// The asterisk form (`OPTIONS *`) names the server, no resource to forward to.
+    #[error("the request target '*' names no resource")]
+    Asterisk,
 }
 
 /// Why the upstream's outcome is unknown after the request may have reached it.
@@ -184,6 +194,8 @@ impl AdminError {
             title,
             detail: format!("{}.", capitalised(&self.to_string())),
             retry_after,
+            // The key API's handler writes its own, per endpoint.
+            allow: None,
         }
     }
 }
@@ -206,6 +218,8 @@ pub(crate) struct Problem {
     pub(crate) title: &'static str,
     pub(crate) detail: String,
     pub(crate) retry_after: Option<Duration>,
+    /// The `Allow` of a `405` (RFC 9110 §15.5.6: a 405 lists what the target allows).
+    pub(crate) allow: Option<&'static str>,
 }
 
 impl ProxyError {
@@ -244,7 +258,21 @@ impl ProxyError {
                 "Request body could not be read",
                 None,
             ),
-            E::BadTarget(_) | E::BadPath(PathError::AboveRoot | PathError::BadPercent) => (
+            E::BadTarget(TargetError::Connect) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                None,
+            ),
+            E::BadTarget(
+                TargetError::MissingHost
+                | TargetError::EmptyHost
+                | TargetError::HostList
+                | TargetError::DuplicateHost
+                | TargetError::HostMismatch
+                | TargetError::Asterisk,
+            )
+            | E::BadPath(PathError::AboveRoot | PathError::BadPercent) => (
                 StatusCode::BAD_REQUEST,
                 "bad-request",
                 "Request target refused",
@@ -331,6 +359,8 @@ impl ProxyError {
             title,
             detail: self.detail(),
             retry_after,
+            // Every method but CONNECT is forwarded: the one 405 the proxy makes.
+            allow: (status == StatusCode::METHOD_NOT_ALLOWED).then_some(PROXY_ALLOW),
         }
     }
 
@@ -447,6 +477,9 @@ impl Problem {
         let mut headers = vec![(CONTENT_TYPE, content_type)];
         if let Some(after) = self.retry_after {
             headers.push((RETRY_AFTER, HeaderValue::from(after.as_secs().max(1))));
+        }
+        if let Some(allow) = self.allow {
+            headers.push((ALLOW, HeaderValue::from_static(allow)));
         }
         headers
     }

@@ -200,8 +200,10 @@ pub fn current() -> Option<Context> {
 }
 
 /// The span of a call to the upstream, when the request is traced: the request's own
-/// `traceparent` and `tracestate` are replaced by this span's.
+/// `traceparent` and `tracestate` are replaced by this span's. Traced or not, an empty
+/// `tracestate` is not forwarded (docs/behaviour.md §25).
 pub fn upstream<B>(request: &mut Request<B>) -> Option<Box<Span>> {
+    drop_empty_tracestate(request.headers_mut());
     let mut span = child("upstream", SpanKind::Client)?;
     span.set_attributes([
         KeyValue::new("http.request.method", request.method().as_str().to_owned()),
@@ -217,6 +219,35 @@ pub fn upstream<B>(request: &mut Request<B>) -> Option<Box<Span>> {
     let cx = Context::new().with_remote_span_context(span.span_context().clone());
     TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
     Some(span)
+}
+
+/// Removes the `tracestate` lines that hold no list member (empty, or only spaces and
+/// commas): they carry no vendor's state, and some servers refuse a trace context
+/// that has one. The lines with members go on as they came.
+fn drop_empty_tracestate(headers: &mut HeaderMap) {
+    // The common case, none or all with members: looked at, nothing moved.
+    if !headers.get_all(&TRACESTATE).iter().any(empty_tracestate) {
+        return;
+    }
+    let kept: Vec<HeaderValue> = headers
+        .get_all(&TRACESTATE)
+        .iter()
+        .filter(|value| !empty_tracestate(value))
+        .cloned()
+        .collect();
+    headers.remove(&TRACESTATE);
+    for value in kept {
+        headers.append(&TRACESTATE, value);
+    }
+}
+
+/// Whether a `tracestate` value holds no list member (W3C Trace Context: members are
+/// separated by commas, with optional spaces and tabs around them).
+fn empty_tracestate(value: &HeaderValue) -> bool {
+    value
+        .as_bytes()
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b','))
 }
 
 /// Ends an upstream call's span with its status, or in error with why it failed.
@@ -248,8 +279,18 @@ pub fn store_ended<T, E: std::fmt::Display>(mut span: Box<Span>, result: &Result
 struct Headers<'a>(&'a HeaderMap);
 
 impl Extractor for Headers<'_> {
+    /// The first line of `key`; for `tracestate`, the first that has members, so that
+    /// an empty line before one with members does not hide it.
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key)?.to_str().ok()
+        let value = if key == TRACESTATE.as_str() {
+            self.0
+                .get_all(key)
+                .iter()
+                .find(|value| !empty_tracestate(value))?
+        } else {
+            self.0.get(key)?
+        };
+        value.to_str().ok()
     }
 
     fn keys(&self) -> Vec<&str> {
@@ -261,7 +302,12 @@ impl Extractor for Headers<'_> {
 struct HeadersMut<'a>(&'a mut HeaderMap);
 
 impl Injector for HeadersMut<'_> {
+    /// An empty value is not written: the propagator sets `tracestate` even when the
+    /// span's trace state is empty (docs/behaviour.md §25).
     fn set(&mut self, key: &str, value: String) {
+        if value.is_empty() {
+            return;
+        }
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(key.as_bytes()),
             HeaderValue::from_str(&value),

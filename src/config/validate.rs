@@ -349,6 +349,14 @@ fn normalise_route_path(path: &str, slashes: EscapedSlashes) -> Result<String, S
              fragment or spaces"
         ));
     }
+    // Requests match with each segment's `;parameters` removed (docs/behaviour.md §25):
+    // a route holding a `;` would match nothing, and guard nothing.
+    if path.contains(';') {
+        return Err(format!(
+            "'{path}' can never match a request: it contains ';', and requests match \
+             routes with each segment's ';parameters' removed"
+        ));
+    }
     // Requests are matched after normalisation: a route written otherwise would match
     // nothing, and a `required: true` on it would guard nothing.
     match path::normalise(path, slashes) {

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Completed, Fingerprint, OwnerToken, Record};
+use super::{Completed, Fingerprint, InFlight, OwnerToken, Record};
 use crate::config::{OnConcurrent, OnUnknownOutcome};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +29,12 @@ pub enum Decision {
     /// request's body to its end, hashing it, then [`compared`] decides.
     Compare(Arc<Completed>),
     /// `on_concurrent: wait`: block until the owner completes or releases, or at most
-    /// until its lease ends (a crashed owner never says it is done).
-    Wait { lease_left: Duration },
+    /// until its lease ends (a crashed owner never says it is done). `retry_after` is
+    /// what a duplicate that waited in vain is told, as of this read.
+    Wait {
+        lease_left: Duration,
+        retry_after: Duration,
+    },
     /// The owner's lease ended without an outcome: replace its marker (compare-and-set on
     /// `stale`) and then do `then`.
     TakeOver {
@@ -89,12 +93,13 @@ pub fn decide(
             },
         },
         Record::InFlight(m) => {
-            let lease_left = Duration::from_millis(m.lease_deadline_ms - now_ms);
+            let retry_after = retry_after(m, now_ms);
             match on_concurrent {
-                OnConcurrent::Reject => Decision::Reject(Rejection::InFlight {
-                    retry_after: retry_after(lease_left),
-                }),
-                OnConcurrent::Wait => Decision::Wait { lease_left },
+                OnConcurrent::Reject => Decision::Reject(Rejection::InFlight { retry_after }),
+                OnConcurrent::Wait => Decision::Wait {
+                    lease_left: Duration::from_millis(m.lease_deadline_ms - now_ms),
+                    retry_after,
+                },
             }
         }
     }
@@ -112,20 +117,29 @@ pub fn compared(completed: &Completed, full: &Fingerprint) -> Result<(), Rejecti
     }
 }
 
-/// The `Retry-After` of `409 in-flight` (docs/behaviour.md §18): the time left on the
-/// holder's lease, rounded up to whole seconds and at least one. By then the holder has
-/// either finished (the retry replays), renewed (another 409 says how long again), or
-/// crashed (its lease has ended, and the retry takes the key over). Rounding down would
-/// send a client back a moment before a crashed holder's lease ends, for one more 409.
-pub fn retry_after(lease_left: Duration) -> Duration {
-    let secs = lease_left.as_secs() + u64::from(lease_left.subsec_nanos() > 0);
-    Duration::from_secs(secs.max(1))
+/// The `Retry-After` of `409 in-flight` while `holder` holds the key, at `now_ms` on the
+/// store's clock (docs/behaviour.md §25, §18): the smaller of the time left on its lease
+/// and the time it has already run, rounded up to whole seconds and at least one.
+///
+/// A request that has run 200 ms is likely to end soon: its duplicate comes back in a
+/// second, not at the end of a lease sized for the slowest request. One that has run
+/// long is waited on about as long again, so a slow holder is not polled every second.
+/// Never past the lease's end: by then the holder has finished (the retry replays),
+/// renewed (another 409 says how long again), or crashed (the retry takes the key
+/// over). Rounding down would send a client back a moment early, for one more 409.
+/// A format 1 marker has no claim time: its lease left alone counts.
+pub fn retry_after(holder: &InFlight, now_ms: u64) -> Duration {
+    let lease_left = holder.lease_deadline_ms.saturating_sub(now_ms);
+    // A claim time ahead of `now_ms` (another replica's clock) counts as just begun.
+    let wait_ms = holder.claimed_at_ms.map_or(lease_left, |claimed| {
+        lease_left.min(now_ms.saturating_sub(claimed))
+    });
+    Duration::from_secs(wait_ms.div_ceil(1_000).max(1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::InFlight;
     use crate::idempotency::StoredBody;
     use bytes::Bytes;
     use http::StatusCode;
@@ -205,38 +219,102 @@ mod tests {
         assert_eq!(
             d(&marker(10_000), &FP, 1_000, W, Rec),
             Decision::Wait {
-                lease_left: Duration::from_secs(9)
+                lease_left: Duration::from_secs(9),
+                retry_after: Duration::from_secs(9)
             }
         );
     }
 
-    /// The lease left, rounded up to whole seconds, never below one: a client told to
-    /// come back at the end of the lease never comes back before it.
+    /// A marker claimed at `claimed` (unix ms) whose lease ends at `deadline`.
+    fn held(claimed: Option<u64>, deadline: u64) -> InFlight {
+        InFlight {
+            fingerprint: FP,
+            token: OwnerToken::from_bytes([5; 16]),
+            lease_deadline_ms: deadline,
+            claimed_at_ms: claimed,
+            streamed: false,
+        }
+    }
+
+    /// The smaller of the lease left and the holder's run, rounded up to whole seconds,
+    /// never below one: a fast holder's duplicate comes back soon, a slow one's later,
+    /// and none after a crashed holder's lease has ended.
     #[test]
-    fn retry_after_is_the_lease_left_rounded_up() {
+    fn retry_after_grows_with_the_holders_run_up_to_the_lease_left() {
+        let s = Duration::from_secs;
+        const NOW: u64 = 1_700_000_000_000;
+        for ((ran, left), after) in [
+            // Ran 0.2 s of a 10 s lease: 1, not 10.
+            ((200, 9_800), s(1)),
+            ((3_500, 6_000), s(4)),
+            // Ran 20 s (renewed twice): the 2.1 s left on the lease.
+            ((20_000, 2_100), s(3)),
+            ((0, 10_000), s(1)),
+            ((1_000, 9_000), s(1)),
+            ((1_001, 9_000), s(2)),
+            ((5_000, 5_000), s(5)),
+            ((9_000, 1), s(1)),
+            ((86_400_000, 86_400_000), s(86_400)),
+        ] {
+            let holder = held(Some(NOW - ran), NOW + left);
+            assert_eq!(
+                retry_after(&holder, NOW),
+                after,
+                "ran {ran} ms, {left} ms left"
+            );
+        }
+        // A claim time ahead of the reader's clock (another replica's) has just begun.
+        assert_eq!(
+            retry_after(&held(Some(NOW + 5_000), NOW + 10_000), NOW),
+            s(1)
+        );
+    }
+
+    /// A format 1 marker has no claim time: the lease left, rounded up, as before.
+    #[test]
+    fn retry_after_without_a_claim_time_is_the_lease_left_rounded_up() {
         let ms = Duration::from_millis;
         let s = Duration::from_secs;
         for (left, after) in [
-            (ms(0), s(1)),
-            (ms(1), s(1)),
-            (ms(999), s(1)),
-            (ms(1_000), s(1)),
-            (ms(1_001), s(2)),
-            (ms(4_999), s(5)),
-            (ms(5_000), s(5)),
-            (Duration::from_nanos(5_000_000_001), s(6)),
-            (s(86_400), s(86_400)),
+            (0, s(1)),
+            (1, s(1)),
+            (999, s(1)),
+            (1_000, s(1)),
+            (1_001, s(2)),
+            (4_999, s(5)),
+            (5_000, s(5)),
+            (86_400_000, s(86_400)),
         ] {
-            assert_eq!(retry_after(left), after, "{left:?}");
+            assert_eq!(
+                retry_after(&held(None, 20_000 + left), 20_000),
+                after,
+                "{:?}",
+                ms(left)
+            );
         }
-        let retry = |now| match d(&marker(10_000), &FP, now, R, Rec) {
+    }
+
+    /// `decide` answers a live marker with that `Retry-After`, and a waiting duplicate
+    /// carries it too, for when its wait ends in vain.
+    #[test]
+    fn a_live_marker_is_refused_or_waited_on_with_its_retry_after() {
+        let s = Duration::from_secs;
+        let rec = Record::InFlight(held(Some(1_000), 11_000));
+        let retry = |now| match d(&rec, &FP, now, R, Rec) {
             Decision::Reject(Rejection::InFlight { retry_after }) => retry_after,
             other => panic!("expected in-flight, got {other:?}"),
         };
-        assert_eq!(retry(0), s(10), "a fresh lease: all of it");
-        assert_eq!(retry(1), s(10), "9.999 s left rounds up");
-        assert_eq!(retry(7_500), s(3));
-        assert_eq!(retry(9_000), s(1));
+        assert_eq!(retry(1_000), s(1), "just claimed");
+        assert_eq!(retry(1_200), s(1));
+        assert_eq!(retry(4_500), s(4));
+        assert_eq!(retry(8_500), s(3), "2.5 s of the lease left");
+        assert_eq!(
+            d(&rec, &FP, 4_500, W, Rec),
+            Decision::Wait {
+                lease_left: Duration::from_millis(6_500),
+                retry_after: s(4)
+            }
+        );
     }
 
     #[test]
@@ -323,7 +401,8 @@ mod tests {
         assert_eq!(
             decide(&marker, &UP, true, 0, W, Rec),
             Decision::Wait {
-                lease_left: Duration::from_secs(10)
+                lease_left: Duration::from_secs(10),
+                retry_after: Duration::from_secs(1)
             }
         );
     }

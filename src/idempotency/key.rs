@@ -414,21 +414,49 @@ fn hash_cookie(hash: &mut Sha256, headers: &HeaderMap, name: &str) {
     }
 }
 
-/// The value of the cookie `name` as servers parse `Cookie` headers: pairs split at `;`,
-/// each at its first `=`, name and value trimmed of spaces and tabs (`session =A` is
-/// `session`, `A`), a pair without `=` or with an empty name ignored, and a cookie named
-/// twice, in one header or across several, taking its first value. Reading it otherwise
-/// than the upstream does would put a request in another tenant's scope, or in none.
+/// The value of the cookie `name` as servers parse `Cookie` headers: pairs split at `;`
+/// (and at `, `, see [`pairs`]), each at its first `=`, name and value trimmed of spaces
+/// and tabs (`session =A` is `session`, `A`), a pair without `=` or with an empty name
+/// ignored, and a cookie named twice, in one header or across several, taking its first
+/// value. Reading it otherwise than the upstream does would put a request in another
+/// tenant's scope, or in none.
 fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h [u8]> {
     headers
         .get_all(COOKIE)
         .iter()
-        .flat_map(|line| line.as_bytes().split(|b| *b == b';'))
+        .flat_map(|line| pairs(line.as_bytes()))
         .find_map(|pair| {
             let eq = pair.iter().position(|b| *b == b'=')?;
             let (found, value) = (trim(&pair[..eq]), trim(&pair[eq + 1..]));
             (!found.is_empty() && found == name.as_bytes()).then_some(value)
         })
+}
+
+/// The pairs of one `Cookie` line: split at each `;`, and at each `,` followed by a
+/// space or a tab (docs/behaviour.md §25). An intermediary that folds two `Cookie`
+/// lines into one joins them with `, `, and servers that read RFC 2965 cookies split
+/// there too: read as one pair, `theme=dark, session=A` would hide `session`. A comma
+/// with no space after it stays in the value, as RFC 6265 servers keep it.
+fn pairs(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(line);
+    std::iter::from_fn(move || {
+        let left = rest?;
+        let end = (0..left.len()).find(|&at| match left[at] {
+            b';' => true,
+            b',' => matches!(left.get(at + 1), Some(b' ' | b'\t')),
+            _ => false,
+        });
+        match end {
+            Some(at) => {
+                rest = Some(&left[at + 1..]);
+                Some(&left[..at])
+            }
+            None => {
+                rest = None;
+                Some(left)
+            }
+        }
+    })
 }
 
 /// Trims the spaces and tabs around a cookie's name or value.
@@ -610,6 +638,40 @@ mod tests {
         hash_field(&mut hash, b"A");
         hash_field(&mut hash, b"k1");
         assert_eq!(a, ScopedKey(hash.finalize().into()));
+    }
+
+    /// An intermediary that folds two `Cookie` lines into one joins them with `, `: the
+    /// pairs on either side are two cookies, as if joined with `; `
+    /// (docs/behaviour.md §25). A comma with no space after it is the value's.
+    #[test]
+    fn cookies_joined_by_a_comma_and_a_space_are_two_cookies() {
+        let names = ["session".to_owned()];
+        let scope = Scope {
+            headers: &[AUTHORIZATION],
+            cookies: &names,
+            principal: None,
+        };
+        let k = key("k1");
+        let at = |line: &'static str| {
+            ScopedKey::scoped(&headers(&[("cookie", line)]), scope, DEFAULT_SOURCE, &k)
+        };
+        let a = at("session=A");
+        for same in [
+            "theme=dark, session=A",
+            "theme=dark,\tsession=A",
+            "theme=dark,  session=A ",
+            "session=A, theme=dark",
+            "session=A, session=B",
+            "junk, session=A",
+            "x=1; theme=dark, session=A; y=2",
+        ] {
+            assert_eq!(at(same), a, "{same}");
+        }
+        assert_ne!(at("theme=dark, session=B"), a);
+        assert_ne!(at("session=A,B"), a, "no space: the comma is the value's");
+        let none = ScopedKey::scoped(&headers(&[]), scope, DEFAULT_SOURCE, &k);
+        assert_eq!(at("theme=dark,session=A"), none, "one cookie, `theme`");
+        assert_eq!(at("session, theme=dark"), none);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, Streamed,
-    decide, retry_after,
+    decide,
 };
 use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
 use crate::telemetry;
@@ -98,7 +98,14 @@ pub(crate) async fn claim<S: Store>(
             }
             Decision::Compare(completed) => return Ok(Claimed::Compare(completed)),
             Decision::Reject(rejection) => return Err(rejection.into()),
-            Decision::Wait { lease_left } => waiter.wait(state, policy, key, lease_left).await?,
+            Decision::Wait {
+                lease_left,
+                retry_after,
+            } => {
+                waiter
+                    .wait(state, policy, key, (lease_left, retry_after))
+                    .await?;
+            }
             Decision::TakeOver { stale, then } => {
                 telemetry::event("idempotency.take_over", || {
                     let then = match then {
@@ -111,7 +118,7 @@ pub(crate) async fn claim<S: Store>(
                     Some(claimed) => return Ok(claimed),
                     None if races < TAKE_OVER_RACES => races += 1,
                     // The markers seen had expired: no lease to wait out.
-                    None => return Err(in_flight(Duration::ZERO)),
+                    None => return Err(in_flight(TAKE_OVER_LOST)),
                 }
             }
         }
@@ -153,12 +160,14 @@ pub(crate) fn compared<S: Store>(
     opened(state, key, completed)
 }
 
-/// `409 in-flight`, its `Retry-After` the holder's `lease_left` rounded up
-/// (docs/behaviour.md §18).
-fn in_flight(lease_left: Duration) -> ProxyError {
-    ProxyError::InFlight {
-        retry_after: retry_after(lease_left),
-    }
+/// The `Retry-After` of a take-over that kept losing races (docs/behaviour.md §18): the
+/// markers it saw had expired, so there is no lease or run to wait out.
+const TAKE_OVER_LOST: Duration = Duration::from_secs(1);
+
+/// `409 in-flight`, its `Retry-After` as [`retry_after`] computed it from the holder's
+/// marker (docs/behaviour.md §25).
+fn in_flight(retry_after: Duration) -> ProxyError {
+    ProxyError::InFlight { retry_after }
 }
 
 /// Replaces a crashed owner's marker with ours. `None` when another request changed the
@@ -246,13 +255,14 @@ impl<W> Default for Waiter<W> {
 
 impl<W: Watch> Waiter<W> {
     /// Subscribes on the first call (the caller then claims again); waits for a change
-    /// on the next ones.
+    /// on the next ones. `retry_after` is what the duplicate is told if its wait ends
+    /// with the key still held.
     async fn wait<S: Store<Watch = W>>(
         &mut self,
         state: &AppState<S>,
         policy: &Policy,
         key: ScopedKey,
-        lease_left: Duration,
+        (lease_left, retry_after): (Duration, Duration),
     ) -> Result<(), ProxyError> {
         let deadline = *self
             .deadline
@@ -270,8 +280,8 @@ impl<W: Watch> Waiter<W> {
             }
             Some(watch) => {
                 if Instant::now() >= deadline {
-                    // `lease_left` is as the claim just before this call saw it.
-                    return Err(in_flight(lease_left));
+                    // As the claim just before this call saw the holder.
+                    return Err(in_flight(retry_after));
                 }
                 // A crashed owner never says it is done: look again when its lease ends.
                 let wake = deadline.min(Instant::now() + lease_left);

@@ -281,9 +281,11 @@ async fn principal(
     Ok(principal)
 }
 
-/// The request as both the guard and the upstream see it: `Host` checked, the path
-/// normalised in its URI (the query is kept as sent).
+/// The request as both the guard and the upstream see it: a target that is never
+/// forwarded refused, `Host` checked, the path normalised in its URI (the query is
+/// kept as sent).
 fn one_view<B>(mut req: Request<B>, slashes: EscapedSlashes) -> Result<Request<B>, ProxyError> {
+    view::check_target(req.method(), req.uri()).map_err(ProxyError::BadTarget)?;
     view::check_host(req.version(), req.uri(), req.headers()).map_err(ProxyError::BadTarget)?;
     let normal = match path::normalise(req.uri().path(), slashes).map_err(ProxyError::BadPath)? {
         Cow::Borrowed(_) => return Ok(req),

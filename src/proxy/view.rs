@@ -1,7 +1,7 @@
-//! One view of the request for the guard and the upstream: the path routes match (the
-//! path itself is normalised by [`crate::idempotency::path`]), the method the guard
-//! considers, and the `Host` checks of RFC 9112 §3.2. Pure functions: no I/O, no
-//! allocation on the common path.
+//! One view of the request for the guard and the upstream: the targets never forwarded,
+//! the path routes match (the path itself is normalised by
+//! [`crate::idempotency::path`]), the method the guard considers, and the `Host` checks
+//! of RFC 9112 §3.2. Pure functions: no I/O, no allocation on the common path.
 
 use std::borrow::Cow;
 
@@ -9,6 +9,21 @@ use http::header::HOST;
 use http::{HeaderMap, HeaderName, Method, Uri, Version};
 
 use crate::error::TargetError;
+
+/// Targets that are never forwarded (docs/behaviour.md §25). `CONNECT` asks the proxy
+/// for a tunnel, which would carry bytes no guard sees, and which an upstream that
+/// honours it would open to wherever the client named. The asterisk form (`OPTIONS *`,
+/// RFC 9112 §3.2.4) names the server itself, no resource: joined to a base path in
+/// `upstream.url`, or read by a server as a path, it would be some other request.
+pub(crate) fn check_target(method: &Method, uri: &Uri) -> Result<(), TargetError> {
+    if *method == Method::CONNECT {
+        return Err(TargetError::Connect);
+    }
+    if uri.path() == "*" {
+        return Err(TargetError::Asterisk);
+    }
+    Ok(())
+}
 
 /// The path routes match: the normalised path with each segment's `;parameter` suffix
 /// removed (`/charges;x=1` matches `/charges`).
@@ -111,6 +126,33 @@ fn same_authority(scheme: Option<&str>, target: &[u8], host: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connect_and_the_asterisk_form_are_refused() {
+        let uri = |s: &str| s.parse::<Uri>().expect("uri");
+        assert_eq!(
+            check_target(&Method::CONNECT, &uri("api.test:443")),
+            Err(TargetError::Connect)
+        );
+        assert_eq!(
+            check_target(&Method::CONNECT, &uri("/charges")),
+            Err(TargetError::Connect)
+        );
+        for method in [Method::OPTIONS, Method::POST, Method::GET] {
+            assert_eq!(
+                check_target(&method, &uri("*")),
+                Err(TargetError::Asterisk),
+                "{method}"
+            );
+        }
+        for target in ["/", "/*", "/charges/*", "http://a/*"] {
+            assert_eq!(
+                check_target(&Method::OPTIONS, &uri(target)),
+                Ok(()),
+                "{target}"
+            );
+        }
+    }
 
     #[test]
     fn segment_parameters_are_ignored_for_matching() {

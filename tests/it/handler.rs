@@ -194,25 +194,39 @@ async fn a_completed_key_replays_its_record_and_another_body_is_422() {
     assert_eq!(counted(&state), 2);
 }
 
-/// `Retry-After` is the time left on the holder's lease, rounded up to whole seconds
-/// (docs/behaviour.md §18): exact here, on tokio's paused clock, which the memory
-/// store's clock follows.
+/// `Retry-After` is the smaller of the time left on the holder's lease and the time it
+/// has already run, rounded up to whole seconds, at least 1 (docs/behaviour.md §25):
+/// exact here, on tokio's paused clock, which the memory store's clock follows. The
+/// holder's run counts from its claim, whatever renewals moved its lease on.
 #[tokio::test(start_paused = true)]
-async fn a_key_in_flight_is_409_with_the_lease_left_as_retry_after() {
+async fn a_key_in_flight_is_409_with_retry_after_growing_with_the_holders_run() {
     let state = state("");
     let at = address(&state, "/charges", "busy", "{}");
-    let _owner = marker(&state, at, Duration::from_secs(10)).await;
+    let owner = marker(&state, at, Duration::from_secs(10)).await;
     let mut seen = Vec::new();
-    for advance in [0, 2_500, 6_500, 900] {
+    // Run 0, 0.2, 3.5, 6 and 9 s of a 10 s lease: 10, 9.8, 6.5, 4 and 1 s left. Then
+    // renewed at 9.5 s for 10 s more: run 9.5 s, 10 s left; run 12 s, 7.5 s left.
+    for (advance, renew) in [
+        (0, false),
+        (200, false),
+        (3_300, false),
+        (2_500, false),
+        (3_000, false),
+        (500, true),
+        (2_500, false),
+    ] {
         tokio::time::advance(Duration::from_millis(advance)).await;
+        if renew {
+            let renewed = state.store.renew(&owner, Duration::from_secs(10)).await;
+            assert_eq!(renewed.expect("renew"), idemgate::store::Fenced::Done);
+        }
         let r = send(&state, post("/charges", Some("busy"), "{}")).await;
         assert_eq!(r.status, StatusCode::CONFLICT);
         assert_eq!(r.problem(), "in-flight");
         seen.push(r.headers["retry-after"].to_str().expect("ascii").to_owned());
     }
-    // 10 s, 7.5 s, 1 s and 0.1 s left.
-    assert_eq!(seen, ["10", "8", "1", "1"]);
-    assert_eq!(state.metrics.requests(Outcome::InFlight), 4);
+    assert_eq!(seen, ["1", "1", "4", "4", "1", "10", "8"]);
+    assert_eq!(state.metrics.requests(Outcome::InFlight), 7);
 }
 
 #[tokio::test]

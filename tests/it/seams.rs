@@ -496,3 +496,115 @@ async fn a_response_still_streaming_keeps_its_connection_open() {
     assert_eq!(answer.matches("1\r\nx\r\n").count(), 25, "{answer}");
     upstream.await.expect("upstream");
 }
+
+/// `CONNECT` asks for a tunnel, which idemgate never opens, and a `*` target names the
+/// server, not a resource (`OPTIONS *`): neither is forwarded (docs/behaviour.md §25).
+/// `CONNECT` is `405` with `Allow`, a `*` target `400 bad-request`, whatever the route
+/// or key.
+#[tokio::test]
+async fn connect_and_asterisk_targets_are_answered_and_never_forwarded() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(GUARDED, &up).await;
+    let close = "connection: close\r\n";
+    for (what, request, status, slug) in [
+        (
+            "CONNECT",
+            format!("CONNECT api.test:443 HTTP/1.1\r\nhost: api.test:443\r\n{close}\r\n"),
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "CONNECT with a key",
+            format!(
+                "CONNECT api.test:80 HTTP/1.1\r\nhost: api.test:80\r\nidempotency-key: k\r\n{close}\r\n"
+            ),
+            405,
+            "method-not-allowed",
+        ),
+        (
+            "OPTIONS *",
+            format!("OPTIONS * HTTP/1.1\r\nhost: api.test\r\n{close}\r\n"),
+            400,
+            "bad-request",
+        ),
+        (
+            "OPTIONS * over HTTP/1.0",
+            "OPTIONS * HTTP/1.0\r\n\r\n".to_owned(),
+            400,
+            "bad-request",
+        ),
+        (
+            "POST * with a key",
+            "POST * HTTP/1.1\r\nhost: api.test\r\ncontent-type: application/json\r\n\
+             content-length: 2\r\nidempotency-key: k\r\nconnection: close\r\n\r\n{}"
+                .to_owned(),
+            400,
+            "bad-request",
+        ),
+    ] {
+        let answer = raw_request(proxy.addr, request.as_bytes()).await;
+        assert_eq!(statuses(&answer), [status], "{what}: {answer}");
+        assert!(answer.contains(slug), "{what}: {answer}");
+        let allow = answer
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("allow").then(|| value.trim())
+            })
+            .map(str::to_owned);
+        if status == 405 {
+            let allow = allow.unwrap_or_else(|| panic!("{what}: no Allow in {answer}"));
+            assert!(
+                allow.contains("POST") && !allow.contains("CONNECT"),
+                "{what}: {allow}"
+            );
+        }
+    }
+    assert_eq!(up.count(), 0, "nothing was forwarded: {:?}", up.seen());
+    assert_eq!(
+        proxy
+            .state
+            .metrics
+            .requests(idemgate::metrics::Outcome::BadRequest),
+        5
+    );
+}
+
+/// An intermediary that folds two `Cookie` lines into one joins them with `, `; read as
+/// one cookie, `theme=dark, session=A` would hide `session` and put every such client
+/// in the anonymous scope together. Parsed as if separated by `; `
+/// (docs/behaviour.md §25), two sessions are two scopes, neither the anonymous one.
+#[tokio::test]
+async fn cookies_joined_by_a_comma_scope_by_their_own_values() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(
+        "upstream:\n  url: {upstream}\nidempotency:\n  scope_cookies: [session]\n",
+        &up,
+    )
+    .await;
+    let c = proxy.client();
+    let with = |cookie: Option<&'static str>| {
+        let c = c.clone();
+        async move {
+            let mut headers = vec![
+                ("idempotency-key", "same"),
+                ("content-type", "application/json"),
+            ];
+            headers.extend(cookie.map(|cookie| ("cookie", cookie)));
+            c.send("POST", "/charges", &headers, "{}").await
+        }
+    };
+    let anonymous = with(None).await;
+    let a = with(Some("theme=dark, session=tenant-a")).await;
+    let b = with(Some("theme=dark, session=tenant-b")).await;
+    for (who, answer) in [("anonymous", &anonymous), ("a", &a), ("b", &b)] {
+        assert_eq!(answer.status, 201, "{who}: {answer:?}");
+        assert!(!answer.replayed(), "{who} got another scope's record");
+    }
+    assert_ne!(a.body, anonymous.body);
+    assert_ne!(b.body, a.body);
+    let a_again = with(Some("session=tenant-a")).await;
+    assert!(a_again.replayed(), "{a_again:?}");
+    assert_eq!(a_again.body, a.body);
+    assert_eq!(up.count(), 3);
+}

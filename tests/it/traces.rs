@@ -258,6 +258,60 @@ async fn without_an_exporter_trace_headers_pass_through_unchanged() {
     proxy.stop().await;
 }
 
+/// An empty `tracestate` carries no vendor's state, and some servers refuse the trace
+/// context that holds one: it is not forwarded (docs/behaviour.md §25), neither when it
+/// passes through (no exporter) nor when idemgate writes the upstream call's context
+/// (an exporter), which had sent an empty one for every request that brought none.
+/// A `tracestate` line with members still goes, beside an empty one.
+#[tokio::test]
+async fn an_empty_tracestate_is_never_forwarded() {
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let collector = Receiver::start().await;
+    for traced in [false, true] {
+        let up = Upstream::start().await;
+        let proxy = if traced {
+            traced_proxy(&up, &collector.url(), "http/protobuf").await
+        } else {
+            Proxy::start(support::BASIC, &up).await
+        };
+        // The key, the client's `tracestate` lines, and those the upstream gets.
+        let cases: [(&str, &[&str], &[&str]); 4] = [
+            ("k-empty", &[""], &[]),
+            ("k-commas", &[" , ,"], &[]),
+            ("k-absent", &[], &[]),
+            ("k-beside", &["", "vendor=opaque"], &["vendor=opaque"]),
+        ];
+        for (key, states, members) in cases {
+            for (method, key) in [("POST", Some(key)), ("GET", None)] {
+                let mut headers = vec![JSON, ("traceparent", parent.as_str())];
+                headers.extend(states.iter().map(|state| ("tracestate", *state)));
+                headers.extend(key.map(|key| ("idempotency-key", key)));
+                let answer = proxy
+                    .client()
+                    .send(method, "/charges", &headers, "{}")
+                    .await;
+                assert!(
+                    answer.status.is_success(),
+                    "{method} {states:?}: {answer:?}"
+                );
+                let seen = up.seen().pop().expect("forwarded");
+                let sent: Vec<&str> = seen
+                    .headers
+                    .get_all("tracestate")
+                    .iter()
+                    .map(|v| v.to_str().expect("ascii"))
+                    .collect();
+                assert_eq!(
+                    sent, members,
+                    "traced: {traced}, {method} with tracestate {states:?}"
+                );
+                assert!(seen.headers.contains_key("traceparent"), "{method}");
+            }
+        }
+        proxy.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn a_collector_that_is_down_costs_requests_nothing_and_its_drops_are_counted() {
     let up = Upstream::start().await;

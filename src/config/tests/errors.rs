@@ -28,6 +28,23 @@ fn route_paths_are_checked() {
     );
 }
 
+/// Requests match routes with each segment's `;parameters` removed, so a route `path`
+/// holding a `;` could never match one (docs/behaviour.md §25): refused, naming the
+/// route.
+#[test]
+fn a_route_path_with_a_semicolon_is_refused() {
+    for path in ["/charges;v=1", "/a;/b", "/charges/;", "/;"] {
+        let yaml = with_minimal(&format!(
+            "routes:\n  - path: /refunds\n  - path: '{path}'\n"
+        ));
+        let message = error_at(&yaml, "routes[1].path");
+        assert!(
+            message.contains(&format!("'{path}'")) && message.contains("';'"),
+            "{message}"
+        );
+    }
+}
+
 #[test]
 fn unknown_keys_are_errors_naming_their_path() {
     let message = error_at(&with_minimal("bogus: 1\n"), "bogus");
