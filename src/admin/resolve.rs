@@ -22,7 +22,7 @@ use serde::Deserialize;
 use crate::error::AdminError;
 use crate::idempotency::{Completed, Kept, Record, ScopedKey, StoredBody, StoredResponse, Times};
 use crate::proxy::AppState;
-use crate::store::{Inspection, Replaced, Store};
+use crate::store::{Inspection, Replaced, Store, StoreError};
 
 /// A resolution as it is sent.
 #[derive(Debug, Deserialize)]
@@ -117,10 +117,17 @@ pub(super) async fn resolve<S: Store>(
     caller: SocketAddr,
 ) -> Result<Option<Inspection>, AdminError> {
     let unknown = match &found.record {
-        Record::Completed(record) if record.unknown => Arc::clone(record),
-        Record::Completed(_) => return Err(AdminError::NotUnknown("a completed record")),
+        Record::Completed(record) => Arc::clone(record),
         Record::InFlight(_) => return Err(AdminError::NotUnknown("an in-flight marker")),
     };
+    // Opened first: the flag that says the outcome is unknown is bound by the record's
+    // seal, and one altered at rest is never resolved (docs/behaviour.md §25).
+    state
+        .open(&key, Arc::clone(&unknown))
+        .map_err(|err| AdminError::StoreUnavailable(StoreError::Undecryptable(err)))?;
+    if !unknown.unknown {
+        return Err(AdminError::NotUnknown("a completed record"));
+    }
     let executed = matches!(resolution, Resolution::Executed(_));
     let new = match resolution {
         Resolution::NotExecuted => None,
