@@ -199,19 +199,29 @@ pub fn current() -> Option<Context> {
     Context::map_current(|cx| cx.get::<Traced>().is_some().then(|| cx.clone()))
 }
 
+/// The `url.path` an upstream call's span shows in place of its request's own, set on
+/// the request as an extension: a reconcile lookup's path holds the raw key, which no
+/// span carries, so it is shown with `{key}` in its place (docs/behaviour.md §25).
+#[derive(Debug, Clone)]
+pub struct ShownPath(pub String);
+
 /// The span of a call to the upstream, when the request is traced: the request's own
 /// `traceparent` and `tracestate` are replaced by this span's. Traced or not, an empty
 /// `tracestate` is not forwarded (docs/behaviour.md §25).
 pub fn upstream<B>(request: &mut Request<B>) -> Option<Box<Span>> {
     drop_empty_tracestate(request.headers_mut());
     let mut span = child("upstream", SpanKind::Client)?;
+    let path = match request.extensions().get::<ShownPath>() {
+        Some(ShownPath(shown)) => shown.clone(),
+        None => request.uri().path().to_owned(),
+    };
     span.set_attributes([
         KeyValue::new("http.request.method", request.method().as_str().to_owned()),
         KeyValue::new(
             "server.address",
             request.uri().host().unwrap_or_default().to_owned(),
         ),
-        KeyValue::new("url.path", request.uri().path().to_owned()),
+        KeyValue::new("url.path", path),
     ]);
     let headers = request.headers_mut();
     headers.remove(&TRACEPARENT);

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{AdminToken, ErrorsConfig};
+use crate::config::{AdminToken, ErrorsConfig, Policy};
 use crate::error::AdminError;
 use crate::idempotency::key::hex;
 use crate::idempotency::{Kept, Record, ScopedKey, StoredBody};
@@ -69,7 +69,12 @@ async fn serve<S: Store>(
         let max_body = live.config.largest_response_body();
         let body = read_limited(req.into_body(), resolution_limit(max_body)).await?;
         // A body that is not a resolution is refused before the store is asked.
-        let resolution = super::resolve::parse(&body, max_body)?;
+        // A record id does not say which policy wrote it: a header any of them would
+        // not keep is not kept.
+        let policies: Vec<&Policy> = std::iter::once(&live.config.idempotency)
+            .chain(live.config.routes.iter().map(|route| &route.policy))
+            .collect();
+        let resolution = super::resolve::parse(&body, max_body, &policies)?;
         let found = inspected(state, key).await?;
         let settled =
             super::resolve::resolve(state, (key, &shown), found, resolution, caller.peer).await?;

@@ -16,13 +16,14 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::{CONTENT_LENGTH, DATE, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 
+use crate::config::Policy;
 use crate::error::AdminError;
 use crate::idempotency::{Completed, Kept, Record, ScopedKey, StoredBody, StoredResponse, Times};
-use crate::proxy::AppState;
-use crate::store::{Inspection, Replaced, Store};
+use crate::proxy::{AppState, stored_headers};
+use crate::store::{Inspection, Replaced, Store, StoreError};
 
 /// A resolution as it is sent.
 #[derive(Debug, Deserialize)]
@@ -43,8 +44,14 @@ pub(super) enum Resolution {
     Executed(StoredResponse),
 }
 
-/// Reads a resolution; `max_body` is the largest body a policy would have stored.
-pub(super) fn parse(body: &[u8], max_body: u64) -> Result<Resolution, AdminError> {
+/// Reads a resolution; `max_body` is the largest body a policy would have stored, and
+/// `policies` are those that might have written the record: its headers are kept as
+/// any of them would keep an upstream's (docs/behaviour.md §25).
+pub(super) fn parse(
+    body: &[u8],
+    max_body: u64,
+    policies: &[&Policy],
+) -> Result<Resolution, AdminError> {
     let invalid = |why: String| AdminError::InvalidResolution(why);
     let raw: RawResolution =
         serde_json::from_slice(body).map_err(|err| invalid(format!("{err}")))?;
@@ -64,11 +71,16 @@ pub(super) fn parse(body: &[u8], max_body: u64) -> Result<Resolution, AdminError
     let status = raw
         .status
         .ok_or_else(|| invalid("\"executed\": true needs the \"status\" it answered".to_owned()))?;
+    // A final answer, as idemgate records: never an interim `1xx` (docs/behaviour.md §25).
     let status = StatusCode::from_u16(status)
         .ok()
-        .filter(|_| (100..=599).contains(&status))
-        .ok_or_else(|| invalid(format!("status {status} is not between 100 and 599")))?;
-    let mut headers = Vec::with_capacity(raw.headers.len());
+        .filter(|_| (200..=599).contains(&status))
+        .ok_or_else(|| {
+            invalid(format!(
+                "status {status} is not between 200 and 599: no final answer has it"
+            ))
+        })?;
+    let mut given = HeaderMap::with_capacity(raw.headers.len());
     for (name, value) in raw.headers {
         let header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| invalid(format!("{name:?} is not a header name")))?;
@@ -76,11 +88,10 @@ pub(super) fn parse(body: &[u8], max_body: u64) -> Result<Resolution, AdminError
             .as_str()
             .and_then(|text| HeaderValue::from_str(text).ok())
             .ok_or_else(|| invalid(format!("header {name:?}: not a header value (a string)")))?;
-        // Made anew on every replay, as for any record (docs/behaviour.md §4).
-        if header != DATE && header != CONTENT_LENGTH {
-            headers.push((header, value));
-        }
+        given.append(header, value);
     }
+    // What a recorded answer keeps, by the rule that records an upstream's.
+    let headers = stored_headers(&given, policies);
     let body = match (raw.body, raw.body_base64) {
         (Some(_), Some(_)) => {
             return Err(invalid(
@@ -117,10 +128,17 @@ pub(super) async fn resolve<S: Store>(
     caller: SocketAddr,
 ) -> Result<Option<Inspection>, AdminError> {
     let unknown = match &found.record {
-        Record::Completed(record) if record.unknown => Arc::clone(record),
-        Record::Completed(_) => return Err(AdminError::NotUnknown("a completed record")),
+        Record::Completed(record) => Arc::clone(record),
         Record::InFlight(_) => return Err(AdminError::NotUnknown("an in-flight marker")),
     };
+    // Opened first: the flag that says the outcome is unknown is bound by the record's
+    // seal, and one altered at rest is never resolved (docs/behaviour.md §25).
+    state
+        .open(&key, Arc::clone(&unknown))
+        .map_err(|err| AdminError::StoreUnavailable(StoreError::Undecryptable(err)))?;
+    if !unknown.unknown {
+        return Err(AdminError::NotUnknown("a completed record"));
+    }
     let executed = matches!(resolution, Resolution::Executed(_));
     let new = match resolution {
         Resolution::NotExecuted => None,
@@ -175,7 +193,12 @@ mod tests {
     use super::*;
 
     fn parsed(text: &str) -> Result<Resolution, String> {
-        parse(text.as_bytes(), 16).map_err(|err| err.to_string())
+        let config = crate::config::Config::from_yaml_str(
+            "upstream:\n  url: http://127.0.0.1:9\nidempotency:\n  record_exclude_headers: [x-session]\n",
+            &|_| None,
+        )
+        .expect("config");
+        parse(text.as_bytes(), 16, &[&config.idempotency]).map_err(|err| err.to_string())
     }
 
     #[test]
@@ -185,7 +208,7 @@ mod tests {
             Ok(Resolution::NotExecuted)
         );
         let Ok(Resolution::Executed(response)) = parsed(
-            r#"{"executed": true, "status": 201, "headers": {"content-type": "application/json", "Date": "x"}, "body": "{\"id\":1}"}"#,
+            r#"{"executed": true, "status": 201, "headers": {"content-type": "application/json", "Date": "x", "Connection": "x-hop", "X-Hop": "1", "Upgrade": "h2c", "traceparent": "x", "X-Session": "s"}, "body": "{\"id\":1}"}"#,
         ) else {
             panic!("executed")
         };
@@ -196,7 +219,7 @@ mod tests {
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json")
             )],
-            "Date is made anew on replay"
+            "Date is made anew on replay; hop-by-hop, trace and excluded headers are never kept"
         );
         assert_eq!(
             response.body,
@@ -221,6 +244,8 @@ mod tests {
             (r#"{"executed": true}"#, "status"),
             (r#"{"executed": true, "status": 600}"#, "600"),
             (r#"{"executed": true, "status": 99}"#, "99"),
+            (r#"{"executed": true, "status": 100}"#, "100"),
+            (r#"{"executed": true, "status": 199}"#, "199"),
             (
                 r#"{"executed": false, "status": 200}"#,
                 "nothing is recorded",

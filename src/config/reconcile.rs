@@ -37,18 +37,51 @@ const MAX_ATTEMPTS: u64 = 10;
 
 impl Reconcile {
     /// The lookup's path and query for `key`: `{key}` replaced by the key with every
-    /// byte but RFC 3986's unreserved ones percent-encoded.
+    /// byte but RFC 3986's unreserved ones percent-encoded. A path segment that the key
+    /// would make `.` or `..` has the key's dots encoded too (`%2E`), so that the
+    /// upstream cannot resolve it as a dot segment and look up another path
+    /// (docs/behaviour.md §25). The query is no path: its dots stay.
     pub fn path_for(&self, key: &str) -> String {
-        let mut encoded = String::with_capacity(key.len() * 3);
-        for byte in key.bytes() {
-            if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-                encoded.push(char::from(byte));
+        let (encoded, dots) = (percent_encoded(key, false), percent_encoded(key, true));
+        let (path, query) = self
+            .path
+            .split_once('?')
+            .map_or((self.path.as_str(), None), |(path, query)| {
+                (path, Some(query))
+            });
+        let mut out = String::with_capacity(self.path.len() + 3 * key.len());
+        for (n, segment) in path.split('/').enumerate() {
+            if n > 0 {
+                out.push('/');
+            }
+            let plain = segment.replace(KEY_PLACEHOLDER, &encoded);
+            if segment.contains(KEY_PLACEHOLDER) && matches!(plain.as_str(), "." | "..") {
+                out.push_str(&segment.replace(KEY_PLACEHOLDER, &dots));
             } else {
-                encoded.push_str(&format!("%{byte:02X}"));
+                out.push_str(&plain);
             }
         }
-        self.path.replace(KEY_PLACEHOLDER, &encoded)
+        if let Some(query) = query {
+            out.push('?');
+            out.push_str(&query.replace(KEY_PLACEHOLDER, &encoded));
+        }
+        out
     }
+}
+
+/// `key` with every byte but RFC 3986's unreserved ones percent-encoded, and its dots
+/// too when `dots`.
+fn percent_encoded(key: &str, dots: bool) -> String {
+    let mut encoded = String::with_capacity(key.len() * 3);
+    for byte in key.bytes() {
+        let unreserved = byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'~');
+        if unreserved || (byte == b'.' && !dots) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
 }
 
 /// `reconcile` as written.
@@ -175,6 +208,31 @@ mod tests {
             r.path_for("a b/c?d%e_f-1.2~"),
             "/charges/by-key/a%20b%2Fc%3Fd%25e_f-1.2~?expand=1"
         );
+    }
+
+    #[test]
+    fn a_key_that_makes_a_dot_segment_has_its_dots_encoded() {
+        let r = |path: &str| Reconcile {
+            method: Method::GET,
+            path: path.to_owned(),
+            copy_headers: vec![],
+            timeout: DEFAULT_TIMEOUT,
+            attempts: 1,
+        };
+        let lookup = r("/charges/{key}/status?key={key}");
+        for (key, path) in [
+            (".", "/charges/%2E/status?key=."),
+            ("..", "/charges/%2E%2E/status?key=.."),
+            ("...", "/charges/.../status?key=..."),
+            ("a..b", "/charges/a..b/status?key=a..b"),
+            ("./", "/charges/.%2F/status?key=.%2F"),
+        ] {
+            assert_eq!(lookup.path_for(key), path, "{key}");
+        }
+        // A segment the key completes into a dot segment, not only one it is.
+        assert_eq!(r("/c/.{key}").path_for("."), "/c/.%2E");
+        assert_eq!(r("/c/{key}.json").path_for("."), "/c/..json");
+        assert_eq!(r("/c/{key}").path_for("ok"), "/c/ok");
     }
 
     #[test]

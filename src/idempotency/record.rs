@@ -22,8 +22,12 @@ pub const FORMAT_V2: u8 = 2;
 pub const FORMAT_V3: u8 = 3;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
-/// A completed record whose response is encrypted (docs/behaviour.md §17).
-pub const KIND_SEALED: u8 = 3;
+/// A completed record whose response is encrypted (docs/behaviour.md §17), its seal
+/// binding the record's address alone: written before §25, still read ([`Binds`]).
+pub const KIND_SEALED_ADDRESS_ONLY: u8 = 3;
+/// A completed record whose response is encrypted, its seal binding the record's address
+/// and every field it keeps in clear (docs/behaviour.md §17, §25).
+pub const KIND_SEALED: u8 = 4;
 /// Length of an encoded in-flight marker of format 1; format 2 adds 8 bytes, format 3
 /// one more.
 pub const IN_FLIGHT_LEN: usize = 58;
@@ -111,7 +115,8 @@ pub struct Completed {
     pub times: Option<Times>,
     /// The response is the proxy's `outcome-unknown`: whether the upstream executed the
     /// request is not known (docs/behaviour.md §4, §18). Readable without a key, so
-    /// that an operator can resolve it.
+    /// that `GET /keys/{id}` shows it; a sealed record is opened before it is resolved
+    /// all the same, its seal binding this flag (§25).
     pub unknown: bool,
     /// Set for a streamed request (docs/behaviour.md §19).
     pub streamed: Option<Streamed>,
@@ -134,11 +139,14 @@ pub struct StoredResponse {
 }
 
 /// A [`StoredResponse`] under AEAD (docs/behaviour.md §17). Whether its body was kept
-/// stays readable, so that a retry of a too-large response is refused without a key.
+/// stays readable, so that `GET /keys/{id}` shows it without a key; the seal binds it
+/// (§25).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sealed {
     /// The `id` of the `store.encryption` key it was sealed with.
     pub key_id: Arc<str>,
+    /// What the seal's associated data holds besides the ciphertext.
+    pub binds: Binds,
     pub too_large: bool,
     pub nonce: [u8; NONCE_LEN],
     /// The response's encoding ([`StoredResponse::encode_into`]) and the AEAD tag.
@@ -147,6 +155,18 @@ pub struct Sealed {
     /// memory (the memory and file stores), so that its replays do not decrypt it each
     /// time. Not part of the record: never encoded, and ignored by `==`.
     pub opened: OpenedOnce,
+}
+
+/// What a [`Sealed`] record's seal binds: the fields it keeps in clear are read before it
+/// is opened (to compare a fingerprint, to tell an unknown outcome), so the seal must fail
+/// when any of them was altered at rest (docs/behaviour.md §25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binds {
+    /// The record's address alone: sealed by a version before §25
+    /// ([`KIND_SEALED_ADDRESS_ONLY`]). Never written any more.
+    Address,
+    /// The address and every field kept in clear ([`KIND_SEALED`]).
+    Record,
 }
 
 /// A [`Sealed`] record's response, opened at most once per copy of the record.

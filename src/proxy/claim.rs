@@ -14,10 +14,10 @@ use super::state::AppState;
 use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::idempotency::{
-    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, ScopeId, ScopedKey, Streamed,
-    decide,
+    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, Record, ScopeId, ScopedKey,
+    Streamed, decide,
 };
-use crate::store::{Claim, ClaimRequest, Keyring, Lease, Opened, Store, StoreError, Watch};
+use crate::store::{Claim, ClaimRequest, Lease, Opened, Store, StoreError, Watch};
 use crate::telemetry;
 
 /// How a claim ended, short of an error.
@@ -84,6 +84,13 @@ pub(crate) async fn claim<S: Store>(
             }
         };
         seen = true;
+        // A sealed record is opened before anything reads what it keeps in clear (its
+        // fingerprint, its flags): one altered at rest does not open, and is refused
+        // whatever those fields say (docs/behaviour.md §25). Opened once: a replay
+        // below finds its response kept.
+        if let Record::Completed(completed) = &record {
+            opened(state, key, Arc::clone(completed))?;
+        }
         let decision = decide(
             &record,
             &fingerprint,
@@ -133,19 +140,9 @@ fn opened<S: Store>(
     key: ScopedKey,
     completed: Arc<Completed>,
 ) -> Result<Opened, ProxyError> {
-    match Keyring::open(state.keyring.as_ref(), &key, completed) {
-        Ok(opened) => Ok(opened),
-        Err(err) => {
-            tracing::error!(
-                record = %format_args!("{}{}", state.config.store.key_prefix, key.to_hex()),
-                key_id = err.key_id(),
-                error = %err,
-                "a stored record does not decrypt; it is not replayed (DELETE /keys/{{id}} removes it)"
-            );
-            state.metrics.undecryptable();
-            Err(ProxyError::StoreUnavailable(StoreError::Undecryptable(err)))
-        }
-    }
+    state
+        .open(&key, completed)
+        .map_err(|err| ProxyError::StoreUnavailable(StoreError::Undecryptable(err)))
 }
 
 /// The record of [`Claimed::Compare`], now that the request's body hashed to `full`:

@@ -214,7 +214,7 @@ async fn exchange<S: Store>(
         ..Completed::clear(
             settle.fingerprint,
             head.status,
-            stored_headers(&head.headers, policy),
+            stored_headers(&head.headers, &[policy]),
             stored,
         )
     };
@@ -350,7 +350,7 @@ async fn reconciled<S: Store>(
             head.headers.remove(&IDEMPOTENT_REPLAYED);
             mark_reconciled(&mut head.headers);
             let (stored, to_client) = kept(capped);
-            let headers = stored_headers(&head.headers, settle.policy);
+            let headers = stored_headers(&head.headers, &[settle.policy]);
             let record = Completed {
                 streamed: settle.streamed,
                 ..Completed::clear(settle.fingerprint, head.status, headers, stored)
@@ -446,10 +446,18 @@ pub(crate) async fn record_abandoned<S: Store>(
     Reply::new(Outcome::OutcomeUnknown, response)
 }
 
-/// What is kept of the upstream's headers: end-to-end ones (hop-by-hop are already
-/// gone), minus `replay_drop_headers`, `record_exclude_headers` and the trace context;
-/// `Date` and `Content-Length` are made anew.
-fn stored_headers(headers: &HeaderMap, policy: &Policy) -> Vec<(HeaderName, HeaderValue)> {
+/// What a record keeps of a response's headers (docs/behaviour.md §4, §17, §25): the
+/// end-to-end ones (never the hop-by-hop ones and those `Connection` names, which an
+/// upstream's answer has lost already), less `Date` and `Content-Length` (made anew on
+/// every replay), the trace context, and what any of `policies` drops from replays
+/// (`replay_drop_headers`) or from records (`record_exclude_headers`). One rule for an
+/// upstream's answer, under its policy, and for an operator's resolution (§18), under
+/// every policy, since a record id does not say which one wrote it.
+pub(crate) fn stored_headers(
+    headers: &HeaderMap,
+    policies: &[&Policy],
+) -> Vec<(HeaderName, HeaderValue)> {
+    let named = upstream::connection_named(headers);
     // Trace context belongs to the first request's exchange: a replay never carries it
     // (docs/behaviour.md §20).
     let kept = |name: &HeaderName| {
@@ -457,8 +465,11 @@ fn stored_headers(headers: &HeaderMap, policy: &Policy) -> Vec<(HeaderName, Head
             && *name != CONTENT_LENGTH
             && *name != TRACEPARENT
             && *name != TRACESTATE
-            && !policy.replay_drop_headers.contains(name)
-            && !policy.record_exclude_headers.contains(name)
+            && !upstream::is_hop_by_hop(name, &named)
+            && policies.iter().all(|policy| {
+                !policy.replay_drop_headers.contains(name)
+                    && !policy.record_exclude_headers.contains(name)
+            })
     };
     headers
         .iter()

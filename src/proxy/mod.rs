@@ -47,6 +47,7 @@ mod view;
 mod workers;
 
 pub use body::{ProxyBody, RequestBody};
+pub(crate) use exchange::stored_headers;
 pub use handler::handle;
 pub(crate) use listen::{Activity, Ended, drive};
 pub use listen::{Shutdown, accept, serve};

@@ -20,6 +20,7 @@ use super::budget::Held;
 use super::upstream::{self, UpstreamClient, upstream_request};
 use crate::config::Reconcile;
 use crate::idempotency::IdempotencyKey;
+use crate::telemetry::ShownPath;
 
 /// Set on a response that a lookup, not the exchange itself, found: on the waiting
 /// client's answer and, being stored, on every replay of it.
@@ -98,7 +99,21 @@ impl<'p> Lookup<'p> {
             .ok()?
             .into_parts();
         parts.headers = self.headers.clone();
+        parts
+            .extensions
+            .insert(ShownPath(self.shown_path(upstream)));
         Some(upstream_request(upstream, parts, peer, ProxyBody::empty()))
+    }
+
+    /// The lookup's path as a span shows it: as sent (under the upstream's base path),
+    /// but with `{key}` in place of the raw key (docs/behaviour.md §25); the record id
+    /// identifies the key.
+    fn shown_path(&self, upstream: &Uri) -> String {
+        let path = &self.reconcile.path;
+        let path = path
+            .split_once('?')
+            .map_or(path.as_str(), |(path, _query)| path);
+        format!("{}{path}", upstream.path().trim_end_matches('/'))
     }
 
     /// Asks until an answer settles it or `attempts` are spent: a failed lookup (no
@@ -211,6 +226,14 @@ mod tests {
         assert_eq!(
             request.uri().to_string(),
             "http://10.0.0.1:8080/base/charges/by-key/order%237%2Fa"
+        );
+        assert_eq!(
+            request
+                .extensions()
+                .get::<ShownPath>()
+                .map(|p| p.0.as_str()),
+            Some("/base/charges/by-key/{key}"),
+            "a span shows the path without the raw key"
         );
         let headers = request.headers();
         assert_eq!(headers[header::AUTHORIZATION], "Bearer t");

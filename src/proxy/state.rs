@@ -19,7 +19,7 @@ use crate::config::{Config, Policy};
 use crate::idempotency::{Completed, ScopedKey};
 use crate::metrics::{Metrics, SpanDrops};
 use crate::principal::Verifier;
-use crate::store::{Deadline, Keyring, Store, Timed};
+use crate::store::{Deadline, Keyring, Opened, Store, Timed, Undecryptable};
 use crate::telemetry::Telemetry;
 use crate::worker::PerWorker;
 
@@ -237,6 +237,26 @@ impl<S: Store> AppState<S> {
             Some(keyring) => keyring.seal(key, record),
             None => record,
         }
+    }
+
+    /// The response of `record`, found under `key`, to send again (or to settle, §18):
+    /// opened when it is sealed (docs/behaviour.md §17). One that does not open (its key
+    /// was removed, or it was altered at rest, §25) is logged at `error` with the record
+    /// and key ids and counted; the caller answers `503` and never acts on it.
+    pub(crate) fn open(
+        &self,
+        key: &ScopedKey,
+        record: Arc<Completed>,
+    ) -> Result<Opened, Undecryptable> {
+        Keyring::open(self.keyring.as_ref(), key, record).inspect_err(|err| {
+            tracing::error!(
+                record = %key.id(&self.config.store.key_prefix),
+                key_id = err.key_id(),
+                error = %err,
+                "a stored record does not decrypt; it is not replayed (DELETE /keys/{{id}} removes it)"
+            );
+            self.metrics.undecryptable();
+        })
     }
 
     /// The configuration new requests start under, and its upstream client.

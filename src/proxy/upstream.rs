@@ -280,8 +280,13 @@ pub(crate) async fn read_body(
     }
 }
 
+/// Whether `name` is hop-by-hop in a message whose `Connection` names `named`.
+pub(crate) fn is_hop_by_hop(name: &HeaderName, named: &[HeaderName]) -> bool {
+    HOP_BY_HOP.contains(name) || named.contains(name)
+}
+
 /// Headers named in `Connection` are hop-by-hop too.
-fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()

@@ -4,10 +4,24 @@
 //! Redis, Redis Cluster) keeps the same sealed bytes and none of them holds a key.
 //!
 //! AES-256-GCM from `ring` (already built for rustls), a fresh random 96-bit nonce per
-//! record from the thread's CSPRNG, and the record's address as the associated data: a
-//! sealed value copied under another key does not open. What stays readable is what the
-//! admin API shows without a key: the fingerprint, the times, whether the body was kept,
-//! and the id of the key that sealed it.
+//! record from the thread's CSPRNG. What stays readable is what the admin API shows
+//! without a key: the fingerprint, the times, the flags (body kept, outcome unknown,
+//! streamed) and the id of the key that sealed it. The associated data is the record's
+//! address and all of that, as stored (docs/behaviour.md §25): a sealed value copied
+//! under another key does not open, and neither does one whose clear fields were altered
+//! at rest, so that it is never replayed to another body nor resolved as unknown.
+//!
+//! Records sealed before §25 bound the address alone, and may still be in a durable
+//! store (the file store's journal, Redis) after an upgrade. They are kept apart by
+//! their kind byte ([`Binds`]) and opened under that old rule until they expire, rather
+//! than refused: refusing would answer every retry of such a key `503` for up to a `ttl`
+//! after an upgrade, and what the old rule leaves open (a writer of the store changing
+//! their clear fields) is no more than that writer can do already, since a record in
+//! clear is accepted as written (§17). Nothing is sealed under the old rule any more, and
+//! a record cannot be moved from one rule to the other: the kind byte selects the label
+//! and the bytes of the associated data, so a new record relabelled as an old one (or
+//! the reverse) is opened against associated data it was not sealed with, and its tag
+//! fails.
 
 use std::sync::Arc;
 
@@ -16,7 +30,7 @@ use rand::RngExt;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 
 use crate::config::EncryptionKey;
-use crate::idempotency::record::{NONCE_LEN, OpenedOnce};
+use crate::idempotency::record::{Binds, NONCE_LEN, OpenedOnce};
 use crate::idempotency::{Completed, Kept, ScopedKey, Sealed, StoredResponse};
 
 /// Every key of `store.encryption`; the first seals, all of them open.
@@ -84,8 +98,9 @@ impl Keyring {
         Some(Self { keys })
     }
 
-    /// `record` with its response sealed under the first key, for `key`'s address. A
-    /// record already sealed is returned as it is.
+    /// `record` with its response sealed under the first key, for `key`'s address and
+    /// everything the record keeps in clear. A record already sealed is returned as it
+    /// is.
     pub fn seal(&self, key: &ScopedKey, record: Completed) -> Completed {
         let Kept::Clear(response) = &record.kept else {
             return record;
@@ -94,26 +109,30 @@ impl Keyring {
         let mut buf = BytesMut::with_capacity(response.encoded_len() + AES_256_GCM.tag_len());
         response.encode_into(&mut buf);
         let nonce: [u8; NONCE_LEN] = rand::rng().random();
+        let mut sealed = Sealed {
+            key_id: Arc::clone(id),
+            binds: Binds::Record,
+            too_large: !record.replayable(),
+            nonce,
+            // Filled in below: the clear fields are bound before the response is sealed.
+            ciphertext: Bytes::new(),
+            opened: OpenedOnce::default(),
+        };
+        let head = Completed {
+            kept: Kept::Sealed(sealed.clone()),
+            ..record
+        };
         sealing
             .seal_in_place_append_tag(
                 Nonce::assume_unique_for_key(nonce),
-                Aad::from(aad(key)),
+                Aad::from(associated_data(key, &head, &sealed)),
                 &mut buf,
             )
             .expect("AES-GCM seals any record shorter than 64 GiB");
-        let too_large = !record.replayable();
+        sealed.ciphertext = buf.freeze();
         Completed {
-            fingerprint: record.fingerprint,
-            kept: Kept::Sealed(Sealed {
-                key_id: Arc::clone(id),
-                too_large,
-                nonce,
-                ciphertext: buf.freeze(),
-                opened: OpenedOnce::default(),
-            }),
-            times: record.times,
-            unknown: record.unknown,
-            streamed: record.streamed,
+            kept: Kept::Sealed(sealed),
+            ..head
         }
     }
 
@@ -146,7 +165,7 @@ impl Keyring {
         let plain = opening
             .open_in_place(
                 Nonce::assume_unique_for_key(sealed.nonce),
-                Aad::from(aad(key)),
+                Aad::from(associated_data(key, &record, sealed)),
                 &mut buf,
             )
             .map_err(|_| rejected())?;
@@ -159,19 +178,34 @@ impl Keyring {
     }
 }
 
-/// The associated data: the record's address, with a label of its own so that it cannot
-/// be mistaken for another use of the same bytes.
-fn aad(key: &ScopedKey) -> [u8; 48] {
-    let mut aad = [0u8; 48];
-    aad[..16].copy_from_slice(b"idemgate-rec-v1\0");
-    aad[16..].copy_from_slice(key.as_bytes());
+/// The associated data of `record`'s seal, `sealed`: a label of its own (so that it
+/// cannot be mistaken for another use of the same bytes), the record's address, and
+/// under [`Binds::Record`] the record's sealed head, every byte it keeps in clear
+/// (docs/behaviour.md §25). The label differs between the two rules, and the head holds
+/// the kind byte that names the rule.
+fn associated_data(key: &ScopedKey, record: &Completed, sealed: &Sealed) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(LABEL_LEN + 32 + 96);
+    match sealed.binds {
+        Binds::Address => {
+            aad.extend_from_slice(b"idemgate-rec-v1\0");
+            aad.extend_from_slice(key.as_bytes());
+        }
+        Binds::Record => {
+            aad.extend_from_slice(b"idemgate-rec-v2\0");
+            aad.extend_from_slice(key.as_bytes());
+            record.encode_sealed_head(sealed, &mut aad);
+        }
+    }
     aad
 }
+
+/// The length of an associated data's label.
+const LABEL_LEN: usize = 16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::{Fingerprint, StoredBody, Times};
+    use crate::idempotency::{Fingerprint, StoredBody, Streamed, Times};
     use http::StatusCode;
     use http::header::{HeaderName, HeaderValue};
 
@@ -297,6 +331,173 @@ mod tests {
         let same_id_other_bytes = Keyring::new(&[key("k1", 8)]).expect("a key");
         let fresh = ring.seal(&address(3), record());
         assert!(Keyring::open(Some(&same_id_other_bytes), &address(3), Arc::new(fresh)).is_err());
+    }
+
+    /// Through the bytes a store holds, as a replay after a restart or from Redis reads it.
+    fn stored(record: &Completed) -> Arc<Completed> {
+        match crate::idempotency::Record::decode(record.encode()).expect("decodes") {
+            crate::idempotency::Record::Completed(completed) => completed,
+            crate::idempotency::Record::InFlight(_) => panic!("a completed record"),
+        }
+    }
+
+    /// A change made at rest to one field a sealed record keeps in clear.
+    type Alteration = fn(&mut Completed);
+
+    #[test]
+    fn a_record_altered_in_any_field_kept_in_clear_does_not_open() {
+        let ring = Keyring::new(&[key("k1", 7)]).expect("a key");
+        let mut streamed = record();
+        streamed.streamed = Some(Streamed {
+            upfront: Fingerprint::from_bytes([5; 32]),
+            whole: false,
+        });
+        let alterations: [(&str, Alteration); 10] = [
+            ("fingerprint", |r| {
+                r.fingerprint = Fingerprint::from_bytes([2; 32]);
+            }),
+            ("outcome unknown", |r| r.unknown = !r.unknown),
+            ("too large", |r| {
+                if let Kept::Sealed(s) = &mut r.kept {
+                    s.too_large = !s.too_large;
+                }
+            }),
+            ("claimed at", |r| {
+                r.times = r.times.map(|t| Times {
+                    claimed_ms: t.claimed_ms + 1,
+                    ..t
+                });
+            }),
+            ("completed at", |r| {
+                r.times = r.times.map(|t| Times {
+                    completed_ms: t.completed_ms + 1,
+                    ..t
+                });
+            }),
+            ("times", |r| r.times = None),
+            ("streamed", |r| {
+                r.streamed = match r.streamed {
+                    Some(_) => None,
+                    None => Some(Streamed {
+                        upfront: r.fingerprint,
+                        whole: true,
+                    }),
+                };
+            }),
+            ("hashed whole", |r| {
+                r.streamed = r.streamed.map(|s| Streamed {
+                    whole: !s.whole,
+                    ..s
+                });
+            }),
+            ("up-front fingerprint", |r| {
+                r.streamed = r.streamed.map(|s| Streamed {
+                    upfront: Fingerprint::from_bytes([6; 32]),
+                    ..s
+                });
+            }),
+            ("seal rule", |r| {
+                if let Kept::Sealed(s) = &mut r.kept {
+                    s.binds = Binds::Address;
+                }
+            }),
+        ];
+        for original in [record(), streamed] {
+            let sealed = ring.seal(&address(3), original);
+            assert!(Keyring::open(Some(&ring), &address(3), stored(&sealed)).is_ok());
+            for (field, alter) in alterations {
+                let mut altered = sealed.clone();
+                alter(&mut altered);
+                if altered == sealed {
+                    // Not a field of this record (the streamed ones of one not streamed).
+                    continue;
+                }
+                assert_eq!(
+                    Keyring::open(Some(&ring), &address(3), stored(&altered)).err(),
+                    Some(Undecryptable::Rejected("k1".into())),
+                    "{field}"
+                );
+            }
+        }
+    }
+
+    /// A record sealed by a version before every clear field was bound: its address
+    /// alone, laid out as that version stored it (kind 3). Sealed here with `ring`
+    /// directly, as an oracle of the old rule.
+    fn sealed_by_the_old_rule(byte: u8, address: &ScopedKey) -> Completed {
+        let response = record().clear_response().cloned().expect("in clear");
+        let mut buf = Vec::new();
+        response.encode_into(&mut buf);
+        let nonce = [9u8; NONCE_LEN];
+        let mut aad = b"idemgate-rec-v1\0".to_vec();
+        aad.extend_from_slice(address.as_bytes());
+        let old = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[byte; 32]).expect("key"));
+        old.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut buf,
+        )
+        .expect("seals");
+        Completed {
+            kept: Kept::Sealed(Sealed {
+                key_id: "k1".into(),
+                binds: Binds::Address,
+                too_large: false,
+                nonce,
+                ciphertext: buf.into(),
+                opened: OpenedOnce::default(),
+            }),
+            ..record()
+        }
+    }
+
+    #[test]
+    fn a_record_sealed_before_every_field_was_bound_opens_until_it_expires() {
+        let ring = Keyring::new(&[key("k1", 7)]).expect("a key");
+        let old = sealed_by_the_old_rule(7, &address(3));
+        let bytes = old.encode();
+        assert_eq!(
+            bytes[1],
+            crate::idempotency::record::KIND_SEALED_ADDRESS_ONLY
+        );
+        let opened = Keyring::open(Some(&ring), &address(3), stored(&old)).expect("opens");
+        assert_eq!(Some(opened.response()), record().clear_response());
+        // Its address is still bound.
+        assert!(Keyring::open(Some(&ring), &address(4), stored(&old)).is_err());
+        // Nothing new is sealed by that rule.
+        let new = ring.seal(&address(3), record());
+        assert_eq!(new.encode()[1], crate::idempotency::record::KIND_SEALED);
+    }
+
+    /// Neither rule's record opens as the other's: a new record relabelled as an old
+    /// one (to escape the binding of its clear fields) fails its tag, and so does an old
+    /// one relabelled as new.
+    #[test]
+    fn a_record_cannot_be_moved_from_one_seal_rule_to_the_other() {
+        let ring = Keyring::new(&[key("k1", 7)]).expect("a key");
+        let relabelled = |record: &Completed, binds: Binds| {
+            let mut bytes = record.encode().to_vec();
+            bytes[1] = match binds {
+                Binds::Address => crate::idempotency::record::KIND_SEALED_ADDRESS_ONLY,
+                Binds::Record => crate::idempotency::record::KIND_SEALED,
+            };
+            match crate::idempotency::Record::decode(bytes.into()).expect("decodes") {
+                crate::idempotency::Record::Completed(completed) => completed,
+                crate::idempotency::Record::InFlight(_) => panic!("a completed record"),
+            }
+        };
+        let new = ring.seal(&address(3), record());
+        let downgraded = relabelled(&new, Binds::Address);
+        assert!(matches!(&downgraded.kept, Kept::Sealed(s) if s.binds == Binds::Address));
+        assert_eq!(
+            Keyring::open(Some(&ring), &address(3), downgraded).err(),
+            Some(Undecryptable::Rejected("k1".into()))
+        );
+        let old = sealed_by_the_old_rule(7, &address(3));
+        assert_eq!(
+            Keyring::open(Some(&ring), &address(3), relabelled(&old, Binds::Record)).err(),
+            Some(Undecryptable::Rejected("k1".into()))
+        );
     }
 
     #[test]

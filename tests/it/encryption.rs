@@ -8,6 +8,8 @@ use crate::support;
 use std::sync::Arc;
 
 use idemgate::config::Config;
+use idemgate::idempotency::record::{KIND_SEALED, KIND_SEALED_ADDRESS_ONLY};
+use idemgate::idempotency::{Completed, Kept, Record, Streamed};
 use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Upstream};
@@ -442,4 +444,144 @@ async fn the_readme_section_runs_as_written() {
     assert_eq!(up.count(), 2);
     running.terminate().await;
     running.wait_exit().await;
+}
+
+/// `idemgate_store_undecryptable_total`, as `/metrics` exports it.
+fn undecryptable<S: Store>(proxy: &Proxy<S>) -> u64 {
+    proxy
+        .state
+        .metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix("idemgate_store_undecryptable_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the counter is exported")
+}
+
+/// A change made at rest to one field a sealed record keeps in clear.
+type Alteration = fn(&mut Completed, &Completed);
+
+/// Every field a sealed record keeps in clear is bound to its seal (docs/behaviour.md
+/// §25). Altered at rest in a real redis-server, one field at a time (with the record's
+/// expiry kept), the record does not open: its retry is `503 store-unavailable`, counted
+/// as undecryptable, never a replay (neither to the original body nor to the one the
+/// altered fingerprint names), never an execution, and the operator cannot resolve it.
+#[tokio::test]
+async fn a_sealed_record_altered_at_rest_in_any_clear_field_does_not_open() {
+    let server = RedisServer::start().await;
+    let up = Upstream::start().await;
+    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
+    let config = config(&up, &yaml, &[("k1", K1)]);
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    let proxy = Proxy::with_store(config, store).await;
+    let (client, admin) = (proxy.client(), proxy.admin().await);
+    let redis = redis::Client::open(server.url()).expect("client");
+    let mut conn = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let record = async |conn: &mut redis::aio::MultiplexedConnection, id: &str| {
+        let raw = redis_get(conn, id).await.expect("stored");
+        match Record::decode(raw.into()).expect("a record") {
+            Record::Completed(completed) => (*completed).clone(),
+            Record::InFlight(marker) => panic!("{id} is in flight: {marker:?}"),
+        }
+    };
+
+    // Another request, whose fingerprint one alteration gives to the victim's record.
+    let other_body = body(3);
+    assert_eq!(
+        client.post("/charges", "other", &other_body).await.status,
+        201
+    );
+    let other = record(&mut conn, &proxy.record_id("/charges", "other")).await;
+
+    let alterations: [(&str, Alteration); 8] = [
+        ("fingerprint", |rec, other| {
+            rec.fingerprint = other.fingerprint;
+        }),
+        ("outcome unknown", |rec, _| rec.unknown = true),
+        ("too large", |rec, _| match &mut rec.kept {
+            Kept::Sealed(sealed) => sealed.too_large = true,
+            Kept::Clear(_) => panic!("sealed"),
+        }),
+        ("claimed at", |rec, _| {
+            if let Some(times) = &mut rec.times {
+                times.claimed_ms -= 1000;
+            }
+        }),
+        ("completed at", |rec, _| {
+            if let Some(times) = &mut rec.times {
+                times.completed_ms += 1000;
+            }
+        }),
+        ("times removed", |rec, _| rec.times = None),
+        ("streamed", |rec, _| {
+            rec.streamed = Some(Streamed {
+                upfront: rec.fingerprint,
+                whole: true,
+            });
+        }),
+        // Relabelled as sealed by the rule before §25, which bound the address alone.
+        ("seal version", |_, _| {}),
+    ];
+    for (n, (field, alter)) in alterations.into_iter().enumerate() {
+        let key = format!("victim-{n}");
+        let first = client.post("/charges", &key, &body(2)).await;
+        assert_eq!(first.status, 201, "{field}");
+        assert!(first.text().contains(MARKER));
+        let id = proxy.record_id("/charges", &key);
+        let sealed = record(&mut conn, &id).await;
+        let mut altered = sealed.clone();
+        alter(&mut altered, &other);
+        let mut bytes = altered.encode().to_vec();
+        if field == "seal version" {
+            assert_eq!(bytes[1], KIND_SEALED, "sealed under the rule of §25");
+            bytes[1] = KIND_SEALED_ADDRESS_ONLY;
+        }
+        assert_ne!(bytes, sealed.encode().to_vec(), "{field}: altered");
+        let _: () = redis::cmd("SET")
+            .arg(&id)
+            .arg(&bytes)
+            .arg("KEEPTTL")
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+
+        let (executed, counted) = (up.count(), undecryptable(&proxy));
+        let retry_body = if field == "fingerprint" {
+            &other_body
+        } else {
+            &body(2)
+        };
+        let retry = client.post("/charges", &key, retry_body).await;
+        assert_eq!(retry.status, 503, "{field}: {}", retry.text());
+        assert_eq!(retry.problem(), "store-unavailable", "{field}");
+        assert!(
+            !retry.replayed() && !retry.text().contains(MARKER),
+            "{field}"
+        );
+        assert_eq!(up.count(), executed, "{field}: not executed again");
+        assert_eq!(undecryptable(&proxy), counted + 1, "{field}: counted");
+
+        let resolved = admin
+            .send(
+                "POST",
+                &format!("/keys/{id}/resolve"),
+                &[("content-type", "application/json")],
+                r#"{"executed": false}"#,
+            )
+            .await;
+        assert_eq!(resolved.status, 503, "{field}: {}", resolved.text());
+        assert_eq!(resolved.problem(), "store-unavailable", "{field}");
+        assert_eq!(undecryptable(&proxy), counted + 2, "{field}: counted");
+        assert_eq!(
+            redis_get(&mut conn, &id).await,
+            Some(bytes),
+            "{field}: not resolved away"
+        );
+    }
+    // The request whose fingerprint was lent still replays its own answer.
+    let own = client.post("/charges", "other", &other_body).await;
+    assert!(own.replayed(), "{}", own.text());
 }

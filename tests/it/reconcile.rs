@@ -288,3 +288,36 @@ async fn a_crashed_owners_key_is_settled_by_the_lookup_when_a_retry_takes_it_ove
     proxy.stop().await;
     backend.stop().await;
 }
+
+/// A key that is `.` or `..` would make the lookup's key segment a dot segment, which
+/// the upstream resolves away (`/lookup/..` is `/`): such a segment is percent-encoded
+/// (docs/behaviour.md §25), and a key that merely holds dots is sent as it is. A real
+/// upstream records the request target it received, byte for byte.
+#[tokio::test]
+async fn a_lookup_percent_encodes_a_key_segment_that_is_a_dot_segment() {
+    let up = support::Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {}\nroutes:\n  - path: /reset\n    reconcile: {{path: \
+         '/lookup/{{key}}/status?of={{key}}', attempts: 1}}\n",
+        up.url()
+    );
+    let proxy = Proxy::with_config(Config::from_yaml_str(&yaml, &|_| None).expect("config")).await;
+    let cases = [
+        (".", "/lookup/%2E/status?of=."),
+        ("..", "/lookup/%2E%2E/status?of=.."),
+        ("...", "/lookup/.../status?of=..."),
+        ("a..b", "/lookup/a..b/status?of=a..b"),
+        (".well", "/lookup/.well/status?of=.well"),
+    ];
+    for (n, (key, target)) in cases.into_iter().enumerate() {
+        // `/reset` drops the connection: the outcome is unknown, and the lookup asks.
+        let answer = proxy.client().post("/reset", key, "{}").await;
+        assert_eq!(answer.status, 201, "{key}: {}", answer.text());
+        assert_eq!(answer.headers["idempotency-reconciled"], "true");
+        let seen = up.seen();
+        assert_eq!(seen.len(), 2 * (n + 1));
+        assert_eq!(seen[2 * n + 1].method, "GET");
+        assert_eq!(seen[2 * n + 1].path_and_query, target, "{key}");
+    }
+    proxy.stop().await;
+}

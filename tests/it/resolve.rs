@@ -212,3 +212,89 @@ async fn a_resolved_answer_is_encrypted_when_records_are() {
     assert!(again.replayed());
     assert_eq!(again.text(), "ok");
 }
+
+/// A resolution is a response idemgate could have recorded (docs/behaviour.md §25): a
+/// status outside 200–599 is refused, and the headers a recorded response never keeps
+/// (hop-by-hop ones and those `Connection` names, trace context, the policy's
+/// `record_exclude_headers`) are dropped from the given ones, so no replay carries them.
+#[tokio::test]
+async fn a_resolution_is_a_response_idemgate_could_have_recorded() {
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {}\nidempotency:\n  record_exclude_headers: [x-session-token]\n",
+        up.url()
+    );
+    let proxy = Proxy::with_config(Config::from_yaml_str(&yaml, &|_| None).expect("config")).await;
+    let (client, admin) = (proxy.client(), proxy.admin().await);
+    assert_eq!(
+        client.post("/reset", "settled", "{}").await.problem(),
+        "outcome-unknown"
+    );
+    let id = proxy.record_id("/reset", "settled");
+
+    for status in [100, 101, 103, 199, 600, 999] {
+        let refused = resolve(
+            &admin,
+            &id,
+            &format!(r#"{{"executed": true, "status": {status}, "body": "x"}}"#),
+        )
+        .await;
+        assert_eq!(refused.status, 400, "{status}: {}", refused.text());
+        assert_eq!(refused.problem(), "invalid-resolution", "{status}");
+    }
+    let shown = json(&admin.send("GET", &format!("/keys/{id}"), &[], "").await);
+    assert_eq!(shown["status"], 502, "still unknown: {shown}");
+
+    let dropped = [
+        "connection",
+        "x-named-by-connection",
+        "keep-alive",
+        "upgrade",
+        "transfer-encoding",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "traceparent",
+        "tracestate",
+        "x-session-token",
+    ];
+    let done = resolve(
+        &admin,
+        &id,
+        r#"{"executed": true, "status": 200, "headers": {
+            "content-type": "text/plain",
+            "x-charge": "ch_9",
+            "connection": "keep-alive, x-named-by-connection",
+            "x-named-by-connection": "hop",
+            "keep-alive": "timeout=5",
+            "upgrade": "websocket",
+            "transfer-encoding": "chunked",
+            "proxy-connection": "keep-alive",
+            "te": "trailers",
+            "trailer": "x-checksum",
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "tracestate": "vendor=opaque",
+            "x-session-token": "s3cr3t"
+        }, "body": "paid"}"#,
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.text());
+    for _ in 0..2 {
+        let replay = client.post("/reset", "settled", "{}").await;
+        assert!(replay.replayed(), "{}", replay.text());
+        assert_eq!(
+            (replay.status.as_u16(), replay.text()),
+            (200, "paid".into())
+        );
+        assert_eq!(replay.headers["x-charge"], "ch_9");
+        assert_eq!(replay.headers["content-type"], "text/plain");
+        for name in dropped {
+            assert!(
+                replay.headers.get(name).is_none(),
+                "{name} replayed: {:?}",
+                replay.headers
+            );
+        }
+    }
+    assert_eq!(up.count(), 1, "never executed again");
+}

@@ -640,3 +640,79 @@ async fn a_take_over_of_a_crashed_owners_claim_is_an_event_and_a_store_span() {
     assert_eq!(complete.parent_span_id, server.span_id);
     proxy.stop().await;
 }
+
+/// A reconcile lookup's path holds the raw key (docs/behaviour.md §18); its span and
+/// every log line carry that path with `{key}` in the key's place (§25), the record id
+/// naming the key. The binary, logging at `trace`, exporting to a real collector.
+#[tokio::test]
+async fn a_reconcile_lookup_is_traced_and_logged_with_key_in_place_of_the_raw_key() {
+    const RAW_KEY: &str = "order-5f1e-raw-key-d41c";
+    const LOOKUP_TRACE: &str = "5c8e2e6a0f9d4b1a8c3e7f2a9b0d1e4f";
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let file = TempConfig::new(&format!(
+        "upstream:\n  url: {}\nadmin:\n  listen: null\nlog:\n  level: trace\ntelemetry:\n  \
+         otlp:\n    endpoint: {}\nroutes:\n  - path: /reset\n    reconcile: {{path: \
+         '/lookup/{{key}}', attempts: 1}}\n",
+        up.url(),
+        collector.url()
+    ));
+    let path = file.path().to_str().expect("utf-8 path");
+    let mut running = Running::start(&["--config", path]).await;
+    let parent = traceparent(LOOKUP_TRACE, CLIENT_SPAN);
+    // `/reset` drops the connection: the outcome is unknown, and the lookup settles it.
+    let answer = TestClient::new(running.addr)
+        .send(
+            "POST",
+            "/reset",
+            &[("idempotency-key", RAW_KEY), JSON, ("traceparent", &parent)],
+            "{}",
+        )
+        .await;
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    assert_eq!(answer.headers["idempotency-reconciled"], "true");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[1].path_and_query,
+        format!("/lookup/{RAW_KEY}"),
+        "the upstream is asked with the key"
+    );
+
+    let of_trace = |r: &Receiver| -> Vec<GotSpan> {
+        r.spans()
+            .into_iter()
+            .filter(|s| s.trace_id == LOOKUP_TRACE)
+            .collect()
+    };
+    collector
+        .wait_until("the server span and both upstream calls", |r| {
+            let spans = of_trace(r);
+            spans.iter().filter(|s| s.name == "upstream").count() == 2
+                && spans.iter().any(|s| s.name == "POST")
+        })
+        .await;
+    let spans = of_trace(&collector);
+    let lookup = spans
+        .iter()
+        .find(|s| {
+            s.name == "upstream" && s.attr("http.request.method") == Some(&Attr::Str("GET".into()))
+        })
+        .expect("the lookup's span");
+    assert_eq!(str_attr(lookup, "url.path"), "/lookup/{key}");
+    for span in &spans {
+        for (name, value) in &span.attributes {
+            assert!(
+                !format!("{value:?}").contains(RAW_KEY),
+                "{}: {name} = {value:?}",
+                span.name
+            );
+        }
+    }
+
+    running.terminate().await;
+    assert!(running.wait_exit().await.success(), "{}", running.stderr());
+    let log = running.stderr();
+    assert!(log.contains("reconcile"), "the lookup is logged:\n{log}");
+    assert!(!log.contains(RAW_KEY), "the raw key in the log:\n{log}");
+}

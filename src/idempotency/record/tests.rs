@@ -156,6 +156,7 @@ fn sealed(too_large: bool, times: Option<Times>) -> Completed {
         fingerprint: Fingerprint::from_bytes([5; 32]),
         kept: Kept::Sealed(Sealed {
             key_id: "2026-12".into(),
+            binds: Binds::Record,
             too_large,
             nonce: [4; NONCE_LEN],
             ciphertext: Bytes::from_static(b"\x01\x02ciphertext and tag"),
@@ -179,14 +180,31 @@ fn sealed_records_round_trip_with_their_key_id_and_nonce() {
         unknown: true,
         ..sealed(false, times)
     };
+    let mut before_every_field_was_bound = sealed(false, times);
+    if let Kept::Sealed(s) = &mut before_every_field_was_bound.kept {
+        s.binds = Binds::Address;
+    }
     for rec in [
         sealed(false, times),
         sealed(true, times),
         sealed(false, None),
         unknown,
+        before_every_field_was_bound,
     ] {
         let bytes = rec.encode();
-        assert_eq!(bytes[1], KIND_SEALED);
+        let Kept::Sealed(s) = &rec.kept else {
+            panic!("sealed")
+        };
+        let kind = match s.binds {
+            Binds::Record => KIND_SEALED,
+            Binds::Address => KIND_SEALED_ADDRESS_ONLY,
+        };
+        assert_eq!(bytes[1], kind);
+        // The sealed head is every byte stored ahead of the nonce and the ciphertext.
+        let mut head = Vec::new();
+        rec.encode_sealed_head(s, &mut head);
+        assert_eq!(head.len(), bytes.len() - NONCE_LEN - 4 - s.ciphertext.len());
+        assert!(bytes.starts_with(&head));
         assert_eq!(
             &bytes[2..34],
             &[5; 32],

@@ -4,7 +4,7 @@
 //! side with this one. Layout (all integers big-endian):
 //!
 //! ```text
-//! [0] format: 1, 2 or 3   [1] kind: 1 = in-flight, 2 = completed, 3 = sealed
+//! [0] format: 1, 2 or 3   [1] kind: 1 = in-flight, 2 = completed, 3 or 4 = sealed
 //! [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
 //!             formats 2 and 3: [58..66] claimed at, unix ms
@@ -18,9 +18,15 @@
 //!             len, value; then u32 body len, body (raw bytes)
 //! sealed:     [34] flags, as above   format 2: [35..51] the two times
 //!             streamed only: 32 bytes, the up-front fingerprint
-//!             then u8 key id len, key id, 12-byte nonce, u32 len, ciphertext: the
-//!             status (u16) and the headers and body laid out as above, under AEAD
+//!             then u8 key id len, key id (the record's "sealed head" ends here),
+//!             12-byte nonce, u32 len, ciphertext: the status (u16) and the headers
+//!             and body laid out as above, under AEAD
 //! ```
+//!
+//! A sealed record of kind 4 has the sealed head, every byte it keeps in clear, in its
+//! seal's associated data (docs/behaviour.md §25); one of kind 3, written before that,
+//! has the record's address alone ([`Binds`]). A version that predates kind 4 refuses it
+//! as unreadable, never replayed.
 //!
 //! A streamed request's marker is format 3, and its record sets the streamed flag: a
 //! version that predates them refuses both as unreadable (never replayed, never
@@ -41,9 +47,9 @@ use http::StatusCode;
 use http::header::{HeaderName, HeaderValue};
 
 use super::{
-    Completed, DecodeError, FORMAT_V1, FORMAT_V2, FORMAT_V3, IN_FLIGHT_LEN, InFlight,
-    KIND_COMPLETED, KIND_IN_FLIGHT, KIND_SEALED, Kept, MAX_KEY_ID_LEN, NONCE_LEN, OpenedOnce,
-    OwnerToken, Record, Sealed, StoredBody, StoredResponse, Streamed, Times,
+    Binds, Completed, DecodeError, FORMAT_V1, FORMAT_V2, FORMAT_V3, IN_FLIGHT_LEN, InFlight,
+    KIND_COMPLETED, KIND_IN_FLIGHT, KIND_SEALED, KIND_SEALED_ADDRESS_ONLY, Kept, MAX_KEY_ID_LEN,
+    NONCE_LEN, OpenedOnce, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Streamed, Times,
 };
 use crate::idempotency::Fingerprint;
 
@@ -103,13 +109,9 @@ impl Completed {
 
     /// The encoding of [`Completed::encode`], appended to `out`.
     pub fn encode_into(&self, out: &mut impl BufMut) {
-        out.put_u8(if self.times.is_some() {
-            FORMAT_V2
-        } else {
-            FORMAT_V1
-        });
         match &self.kept {
             Kept::Clear(response) => {
+                out.put_u8(self.format());
                 out.put_u8(KIND_COMPLETED);
                 out.put_slice(self.fingerprint.as_bytes());
                 out.put_u16(response.status.as_u16());
@@ -118,20 +120,42 @@ impl Completed {
                 response.encode_parts(out);
             }
             Kept::Sealed(sealed) => {
-                out.put_u8(KIND_SEALED);
-                out.put_slice(self.fingerprint.as_bytes());
-                out.put_u8(self.flags());
-                self.encode_times(out);
-                // Config checks keep ids far shorter; saturating keeps a bad one
-                // detectable on decode rather than misframed.
-                let id = sealed.key_id.as_bytes();
-                let id = &id[..id.len().min(MAX_KEY_ID_LEN)];
-                out.put_u8(u8::try_from(id.len()).unwrap_or(u8::MAX));
-                out.put_slice(id);
+                self.encode_sealed_head(sealed, out);
                 out.put_slice(&sealed.nonce);
                 out.put_u32(u32::try_from(sealed.ciphertext.len()).unwrap_or(u32::MAX));
                 out.put_slice(&sealed.ciphertext);
             }
+        }
+    }
+
+    /// What a record sealed as `sealed` keeps in clear, laid out as it is stored: format,
+    /// kind, fingerprint, flags, times, up-front fingerprint and key id. Under
+    /// [`Binds::Record`] these bytes are in the seal's associated data
+    /// (docs/behaviour.md §25), so that the one layout decides both what is stored and
+    /// what is bound, and a field added to it later is bound without a second thought.
+    pub fn encode_sealed_head(&self, sealed: &Sealed, out: &mut impl BufMut) {
+        out.put_u8(self.format());
+        out.put_u8(match sealed.binds {
+            Binds::Address => KIND_SEALED_ADDRESS_ONLY,
+            Binds::Record => KIND_SEALED,
+        });
+        out.put_slice(self.fingerprint.as_bytes());
+        out.put_u8(self.flags());
+        self.encode_times(out);
+        // Config checks keep ids far shorter; saturating keeps a bad one detectable on
+        // decode rather than misframed.
+        let id = sealed.key_id.as_bytes();
+        let id = &id[..id.len().min(MAX_KEY_ID_LEN)];
+        out.put_u8(u8::try_from(id.len()).unwrap_or(u8::MAX));
+        out.put_slice(id);
+    }
+
+    /// Format 2 when the record has its times, 1 otherwise.
+    fn format(&self) -> u8 {
+        if self.times.is_some() {
+            FORMAT_V2
+        } else {
+            FORMAT_V1
         }
     }
 
@@ -297,7 +321,12 @@ impl Record {
                     streamed,
                 }))
             }
-            KIND_SEALED => {
+            KIND_SEALED | KIND_SEALED_ADDRESS_ONLY => {
+                let binds = if kind == KIND_SEALED {
+                    Binds::Record
+                } else {
+                    Binds::Address
+                };
                 need(&buf, 1)?;
                 let (too_large, unknown, streamed) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
@@ -317,6 +346,7 @@ impl Record {
                     fingerprint,
                     kept: Kept::Sealed(Sealed {
                         key_id,
+                        binds,
                         too_large,
                         nonce,
                         ciphertext,
