@@ -195,9 +195,15 @@ policy_keys! {
         /// asked.
         reconcile: Option<Reconcile> = None, from RawReconcile, show reconcile::show;
         /// Upstream statuses that mean "refused before doing work": the claim is
-        /// released instead of recorded, so a retry executes.
-        release_statuses: Vec<StatusCode> =
-            vec![StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE],
+        /// released instead of recorded, so a retry executes. `401` and `403` among
+        /// them: recording refusals would let made-up credentials fill the store
+        /// (docs/behaviour.md §25).
+        release_statuses: Vec<StatusCode> = vec![
+            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ],
             from Vec<Status>, show statuses;
         /// Request headers whose values scope the key, so that two clients never see
         /// each other's responses.

@@ -26,7 +26,7 @@ use super::streamed::{self, Streaming};
 use super::upload;
 use super::upstream::{self, upstream_request};
 use super::{upgrade, view};
-use crate::config::{OnUnavailable, Policy};
+use crate::config::{OnUnavailable, Policy, StoreKind};
 use crate::error::ProxyError;
 use crate::idempotency::body::Body;
 use crate::idempotency::path::{self, EscapedSlashes, PathError};
@@ -232,12 +232,10 @@ async fn claimed<S: Store>(
     scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Next, ProxyError> {
     *scoped_key = Some(req.scoped);
-    // Hashed only when a quota needs it (docs/behaviour.md §17).
-    let scope = state
-        .config
-        .store
-        .max_entries_per_scope
-        .map(|_| policy.scope_id(&req.parts.headers, principal));
+    // The embedded stores keep it for their quota (docs/behaviour.md §17) and for fair
+    // eviction (§25); Redis has no use for it.
+    let scope = (state.config.store.kind != StoreKind::Redis)
+        .then(|| policy.scope_id(&req.parts.headers, principal));
     let fingerprint = (req.fingerprint, req.body.streamed());
     let claimed = claim::claim(state, policy, (req.scoped, scope), fingerprint, req.ttl).await?;
     let next = match claimed {

@@ -1,9 +1,10 @@
 //! The per-key rules of the embedded stores, written once (docs/behaviour.md §5–§8,
 //! §12): a claim takes a free or expired key, a completion lands only for the owner of
 //! a live marker (fencing), a take-over only once the lease is over, a purge spares a
-//! live lease unless forced; completed records live for their ttl and are evicted
-//! oldest first when the store is full, markers never are (evicting one would let a
-//! duplicate execute), and a store holding only live markers refuses with `Full`.
+//! live lease unless forced; completed records live for their ttl and, when the store
+//! is full, are evicted fairly between scopes (`eviction.rs`, docs/behaviour.md §25);
+//! markers never are (evicting one would let a duplicate execute), and a store holding
+//! only live markers refuses with `Full`.
 //!
 //! [`Index`] is one shard of records in memory with these rules as methods. The memory
 //! store is shards of it; the file store is the same shards whose every change is also
@@ -18,6 +19,9 @@ use std::time::Duration;
 use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StoreError, millis};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
+use eviction::EvictionOrder;
+
+mod eviction;
 
 /// Why a live completed record was evicted before its ttl.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +79,12 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 pub(crate) struct Index {
     map: HashMap<ScopedKey, Slot>,
-    /// Completed records by completion order: the eviction queue. Entries of records
-    /// removed since are left in place and skipped when they come up (their `seq` no
-    /// longer matches), so every operation on it is O(1).
+    /// Completed records by completion order: what compaction writes, so that a reopened
+    /// store knows the order again. Entries of records removed since are left in place
+    /// and skipped (their `seq` no longer matches), so every operation on it is O(1).
     order: VecDeque<(u64, ScopedKey)>,
+    /// Which completed record goes when the shard is full.
+    eviction: EvictionOrder,
     next_seq: u64,
     /// Approximate bytes held by the records (bodies, headers, markers).
     bytes: u64,
@@ -99,6 +105,7 @@ impl Default for Index {
         Self {
             map: HashMap::new(),
             order: VecDeque::new(),
+            eviction: EvictionOrder::default(),
             next_seq: 0,
             bytes: 0,
             markers_expire_from: u64::MAX,
@@ -172,6 +179,7 @@ impl Index {
     pub(crate) fn clear(&mut self) {
         self.map.clear();
         self.order.clear();
+        self.eviction.clear();
         self.bytes = 0;
         self.markers_expire_from = u64::MAX;
         self.expire_from = u64::MAX;
@@ -195,7 +203,9 @@ impl Index {
                 });
             }
             // Expired: its waiters are woken and find the new marker.
-            Some(_) => self.remove(&req.key, fx),
+            Some(_) => {
+                self.remove(&req.key, fx);
+            }
             None => {}
         }
         self.make_room(max_entries, now, fx)?;
@@ -369,7 +379,9 @@ impl Index {
                 let (expires_ms, scope) = (slot.expires_ms, slot.scope);
                 self.put(*key, Record::Completed(record), expires_ms, scope, fx);
             }
-            None => self.remove(key, fx),
+            None => {
+                self.remove(key, fx);
+            }
         }
         Replaced::Done
     }
@@ -394,14 +406,17 @@ impl Index {
                 return true;
             }
             freed += size(&slot.record);
-            gone.push((*key, slot.scope.zip(slot.place)));
+            gone.push((*key, slot.seq, slot.scope, slot.place));
             false
         });
         self.bytes -= freed;
         self.markers_expire_from = markers_from;
         self.expire_from = from;
-        for (key, placed) in &gone {
-            if let Some((scope, place)) = placed {
+        for (key, seq, scope, place) in &gone {
+            if let Some(seq) = seq {
+                self.eviction.remove(*seq, scope.as_ref());
+            }
+            if let (Some(scope), Some(place)) = (scope, place) {
                 fx.left(scope, *place);
             }
             self.removed = fx.remove(key);
@@ -418,8 +433,9 @@ impl Index {
         mine.then_some(slot)
     }
 
-    /// Makes room for one more entry: evicts completed records oldest first, then drops
-    /// markers whose ttl has passed.
+    /// Makes room for one more entry: drops a completed record whose ttl has passed,
+    /// else evicts one fairly between scopes (`eviction.rs`, docs/behaviour.md §25); with
+    /// no completed record left, drops markers whose ttl has passed.
     fn make_room(
         &mut self,
         max_entries: usize,
@@ -427,18 +443,20 @@ impl Index {
         fx: &mut impl Effects,
     ) -> Result<(), StoreError> {
         while self.map.len() >= max_entries {
-            if let Some((seq, key)) = self.order.pop_front() {
-                if let Some(slot) = self.map.get(&key)
-                    && slot.seq == Some(seq)
-                {
-                    if slot.expires_ms > now {
-                        fx.evicted(Eviction::Full);
-                    }
-                    self.remove(&key, fx);
+            if let Some(victim) = self.eviction.victim(now) {
+                if !victim.expired {
+                    fx.evicted(Eviction::Full);
+                }
+                // The order holds exactly the map's completed records: the removal takes
+                // the victim out of it too, so the loop moves on. Were it ever not held,
+                // it leaves the order all the same: a loop under the lock never spins.
+                if !self.remove(&victim.key, fx) {
+                    debug_assert!(false, "an evicted record was not held");
+                    self.eviction.remove(victim.seq, victim.scope.as_ref());
                 }
                 continue;
             }
-            // Every completed record is queued: only markers are left. Until the
+            // The order holds no completed record: only markers are left. Until the
             // earliest of them expires, a scan would find nothing to drop.
             if now < self.markers_expire_from {
                 return Err(StoreError::Full);
@@ -523,31 +541,38 @@ impl Index {
             self.forget(&old, fx);
         }
         // Queued once the map holds it: compacting the queue keeps only the entries
-        // whose key holds that very `seq`.
+        // whose key holds that very `seq`. The old record left the eviction order above.
         if let Some(seq) = seq {
+            self.eviction.insert(key, seq, scope.as_ref(), expires_ms);
             self.enqueue(seq, key);
         }
     }
 
     fn forget(&mut self, old: &Slot, fx: &mut impl Effects) {
         self.bytes -= size(&old.record);
+        if let Some(seq) = old.seq {
+            self.eviction.remove(seq, old.scope.as_ref());
+        }
         if let (Some(scope), Some(place)) = (&old.scope, old.place) {
             fx.left(scope, place);
         }
     }
 
-    /// Removes what is under `key`, waking its waiters (an expiry, an eviction).
-    fn remove(&mut self, key: &ScopedKey, fx: &mut impl Effects) {
-        if let Some(old) = self.map.remove(key) {
-            self.forget(&old, fx);
-            self.removed = fx.remove(key);
-            fx.saw(self.removed);
-            fx.changed(key);
-        }
+    /// Removes what is under `key`, waking its waiters (an expiry, an eviction); false
+    /// when nothing was.
+    fn remove(&mut self, key: &ScopedKey, fx: &mut impl Effects) -> bool {
+        let Some(old) = self.map.remove(key) else {
+            return false;
+        };
+        self.forget(&old, fx);
+        self.removed = fx.remove(key);
+        fx.saw(self.removed);
+        fx.changed(key);
+        true
     }
 
-    /// Queues a completed record for eviction; drops stale queue entries when they
-    /// outnumber the live ones, so the queue stays proportional to the map.
+    /// Queues a completed record in completion order; drops stale queue entries when
+    /// they outnumber the live ones, so the queue stays proportional to the map.
     fn enqueue(&mut self, seq: u64, key: ScopedKey) {
         self.order.push_back((seq, key));
         if self.order.len() > 2 * self.map.len() + 1024 {

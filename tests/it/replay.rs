@@ -121,6 +121,37 @@ async fn release_statuses_free_the_key_and_other_statuses_are_recorded() {
     assert_eq!(up.count(), 3);
 }
 
+/// Not executed, not recorded (docs/behaviour.md §25): an upstream that refused the
+/// caller (`401`, `403`) released the key under the default `release_statuses`, so a
+/// flood of made-up credentials stores nothing and a retry reaches the upstream again.
+#[tokio::test]
+async fn an_upstream_that_refuses_the_caller_is_not_recorded_by_default() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(BASIC, &up).await;
+    let c = proxy.client();
+    for (n, status) in [401u16, 403].into_iter().enumerate() {
+        let path = format!("/status/{status}");
+        for attempt in 1..=2 {
+            let r = c
+                .send(
+                    "POST",
+                    &path,
+                    &[
+                        ("authorization", "Bearer made-up"),
+                        ("idempotency-key", "refused"),
+                        ("content-type", "application/json"),
+                    ],
+                    "{}",
+                )
+                .await;
+            assert_eq!(r.status, status, "{}", r.text());
+            assert!(!r.replayed(), "{status} attempt {attempt} was replayed");
+        }
+        assert_eq!(up.count(), 2 * (n + 1), "{status}: the retry executed");
+    }
+    assert!(proxy.state.store.is_empty(), "nothing was recorded");
+}
+
 #[tokio::test]
 async fn a_response_too_large_to_keep_is_delivered_once_and_never_executed_again() {
     let up = Upstream::start().await;

@@ -177,6 +177,8 @@ fn a_minimal_file_gets_every_default() {
     assert_eq!(
         policy.release_statuses,
         [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
             StatusCode::TOO_MANY_REQUESTS,
             StatusCode::SERVICE_UNAVAILABLE
         ]

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use super::{MemoryStore, MemoryWatch, lock};
-use crate::idempotency::{Completed, Fingerprint, OwnerToken, ScopedKey, StoredBody};
+use crate::idempotency::{Completed, Fingerprint, OwnerToken, ScopeId, ScopedKey, StoredBody};
+use crate::store::Clock;
 use crate::store::{Claim, ClaimRequest, Fenced, Lease, Store, StoreError, Watch};
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -162,4 +163,60 @@ async fn a_shard_full_of_live_markers_refuses_without_scanning() {
     tokio::time::advance(TTL * 2).await;
     let _ = acquire(&s, 10).await;
     assert_eq!(scans(&s), 2);
+}
+
+/// A claim in `scope`, kept for `ttl`.
+fn scoped_req(k: u8, scope: u8, ttl: Duration) -> ClaimRequest {
+    ClaimRequest {
+        scope: Some(ScopeId::from_bytes([scope; 16])),
+        ttl,
+        ..req(k)
+    }
+}
+
+async fn record_in(s: &MemoryStore, k: u8, scope: u8, ttl: Duration) {
+    let Claim::Acquired(lease) = s.claim(scoped_req(k, scope, ttl)).await.expect("claim") else {
+        panic!("{k} is held already");
+    };
+    let done = s.complete(&lease, response(), ttl).await.expect("complete");
+    assert_eq!(done, Fenced::Done);
+}
+
+fn holds(s: &MemoryStore, k: u8) -> bool {
+    let now = s.clock.now_ms();
+    s.shards.iter().any(|shard| {
+        lock(shard)
+            .index
+            .live(now)
+            .any(|(key, _)| *key == self::key(k))
+    })
+}
+
+/// Full (docs/behaviour.md §25): a record whose ttl has passed goes first, whatever its
+/// scope; then the scope that arrived last gives up its own, never an older scope's,
+/// and never a marker.
+#[tokio::test(start_paused = true)]
+async fn a_full_store_drops_the_expired_then_evicts_from_the_scope_that_came_last() {
+    let s = MemoryStore::new(3);
+    record_in(&s, 1, 1, TTL).await;
+    record_in(&s, 2, 2, Duration::from_secs(1)).await;
+    record_in(&s, 3, 3, TTL).await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // Scope 2's record expired: it makes room, and nothing live is evicted.
+    let _marker = acquire(&s, 4).await;
+    assert_eq!(s.evictions(), 0);
+    assert!(!holds(&s, 2) && holds(&s, 1) && holds(&s, 3));
+    // Scope 3 came after scope 1: a new scope's record costs scope 3 its own.
+    let _other = s.claim(scoped_req(5, 4, TTL)).await.expect("claim");
+    assert_eq!(s.evictions(), 1);
+    assert!(
+        holds(&s, 1) && !holds(&s, 3) && holds(&s, 4),
+        "the marker stays"
+    );
+    // Scope 1 alone holds a completed record: it gives it up before any marker goes.
+    let _third = s.claim(scoped_req(6, 5, TTL)).await.expect("claim");
+    assert_eq!(s.evictions(), 2);
+    assert!(!holds(&s, 1) && holds(&s, 4) && holds(&s, 5));
+    // Only markers are left, all live: full.
+    assert!(matches!(s.claim(req(7)).await, Err(StoreError::Full)));
 }

@@ -285,7 +285,7 @@ struct Shared {
 }
 
 /// A real upstream on 127.0.0.1:0 that reads bodies as they arrive, keeping none of
-/// them. `/early...` answers `401` at once, without reading the body; anything else
+/// them. `/early...` answers `400` at once, without reading the body; anything else
 /// reads the body to its end, then answers `201` with `{"n": <execution>, "bytes": N}`.
 pub struct UploadServer {
     pub addr: SocketAddr,
@@ -351,9 +351,9 @@ async fn answer(
         });
         shared.changed.notify_waiters();
         return Ok(Response::builder()
-            .status(StatusCode::UNAUTHORIZED)
+            .status(StatusCode::BAD_REQUEST)
             .body(Full::new(Bytes::from_static(
-                b"{\"error\":\"who are you\"}",
+                b"{\"error\":\"refused before reading\"}",
             )))
             .expect("response"));
     }
