@@ -11,8 +11,10 @@
 //!   duplicate never replays a record a crash could take back.
 //! - Reads (a replay, a duplicate finding a marker) come from memory.
 //! - On open the journal is read once into the shards (`journal.rs`: checksummed
-//!   frames, a torn tail cut off). When it has grown past twice its size after the last
-//!   compaction, the live records are written to a new journal that replaces it.
+//!   frames, a torn tail past the length the header says was made durable cut off,
+//!   anything short of it refused). When it has grown past twice its size after the
+//!   last compaction, the live records are written to a new journal that replaces it.
+//!   Dropping the store is a clean shutdown: the header records the whole length.
 //! - Times are wall-clock Unix milliseconds, so a marker written before a crash is
 //!   judged against the clock after the restart. Expired entries are dropped every
 //!   second.

@@ -313,7 +313,8 @@ async fn a_randomized_crash_loop_never_executes_a_key_twice() {
     let mut rng = fastrand::Rng::with_seed(seed);
     let up = Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), rng.bool()));
+    let fsync = rng.bool();
+    let file = TempConfig::new(&yaml(&up, &dir.path().join("keys"), fsync));
     let path = file.path().to_string_lossy().into_owned();
     let mut keys: Vec<String> = Vec::new();
     for round in 0..rounds {
@@ -370,7 +371,7 @@ async fn a_randomized_crash_loop_never_executes_a_key_twice() {
         .collect();
     assert_eq!(duplicates, [], "seed {seed}: keys executed more than once");
     report(&format!(
-        "{rounds} crash rounds, {} keys, {} executions, no key twice (seed {seed})",
+        "{rounds} crash rounds (fsync: {fsync}), {} keys, {} executions, no key twice (seed {seed})",
         keys.len(),
         up.count()
     ));

@@ -175,6 +175,87 @@ async fn a_store_of_another_format_exits_1_and_is_left_as_it_is() {
     assert_eq!(db_bytes(&dir), bytes);
 }
 
+/// Writes the first `len` bytes of the journal back over it: a copy or a filesystem that
+/// lost the journal's end.
+fn cut_journal(dir: &Path, whole: &[u8], len: usize) {
+    std::fs::write(dir.join(idemgate::store::file::JOURNAL_FILE), &whole[..len]).expect("cut");
+}
+
+/// A journal cut short of what the store had made durable (docs/behaviour.md §25) lost
+/// answered records: it is refused naming the byte offset, never cut as a torn tail
+/// (after which their keys would execute again). Once after a clean stop (`fsync: true`,
+/// the zeros written ahead are cut off at the stop), once after `kill -9` (`fsync:
+/// false`, nothing written ahead). With the whole journal back, every key replays.
+#[tokio::test]
+async fn a_journal_cut_to_half_its_length_exits_1_naming_the_offset() {
+    for fsync in [true, false] {
+        let up = Upstream::start().await;
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = store_dir(&tmp);
+        let config = yaml(&up.url(), &dir, "").replace(
+            "  kind: file\n",
+            &format!("  kind: file\n  fsync: {fsync}\n"),
+        );
+        let file = TempConfig::new(&config);
+        let path = file.path().to_string_lossy().into_owned();
+        let mut running = Running::start(&["--config", &path]).await;
+        let c = TestClient::new(running.addr);
+        for k in 0..20 {
+            let r = c.post("/charges", &format!("k{k}"), "{}").await;
+            assert_eq!(r.status, 201, "{}", r.text());
+        }
+        if fsync {
+            running.terminate().await;
+        } else {
+            running.kill().await;
+        }
+        running.wait_exit().await;
+        let whole = db_bytes(&dir);
+        let half = whole.len() / 2;
+        cut_journal(&dir, &whole, half);
+
+        let out = refused(&file, &dir).await;
+        assert!(
+            out.stderr.contains(&format!("at byte {half}")),
+            "fsync {fsync}: {}",
+            out.stderr
+        );
+        assert_eq!(
+            db_bytes(&dir),
+            whole[..half],
+            "fsync {fsync}: left as it is"
+        );
+
+        cut_journal(&dir, &whole, whole.len());
+        let running = Running::start(&["--config", &path]).await;
+        let c = TestClient::new(running.addr);
+        for k in 0..20 {
+            let r = c.post("/charges", &format!("k{k}"), "{}").await;
+            assert!(r.replayed(), "fsync {fsync}, k{k}: {}", r.text());
+        }
+        assert_eq!(up.count(), 20, "fsync {fsync}: no key executed twice");
+    }
+}
+
+/// After a clean stop the journal is exactly what the store made durable: one byte less
+/// is a refusal naming where it ends.
+#[tokio::test]
+async fn a_journal_one_byte_short_after_a_clean_stop_exits_1_naming_the_offset() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let (dir, file) = a_store_with_one_key(&tmp).await;
+    let whole = db_bytes(&dir);
+    let short = whole.len() - 1;
+    cut_journal(&dir, &whole, short);
+
+    let out = refused(&file, &dir).await;
+    assert!(
+        out.stderr.contains(&format!("at byte {short}")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(db_bytes(&dir), whole[..short], "left as it is");
+}
+
 #[tokio::test]
 async fn an_unreadable_store_exits_1_naming_the_path() {
     let tmp = tempfile::tempdir().expect("temp dir");

@@ -4,9 +4,9 @@
 //!
 //! ```text
 //! idemgate.journal
-//! +----------------------------+---------------+
-//! | "idemgate journal\n" (17)  | FORMAT u64    |  header, 25 bytes
-//! +-----------+-----------+----+---------------+
+//! +----------------------------+---------------+-----------------------+
+//! | "idemgate journal\n" (17)  | FORMAT u64    | durable length slots  |  header, 49 bytes
+//! +-----------+-----------+----+---------------+-------+---------------+  (header.rs)
 //! | len u32 | crc u32 | head crc u32 | payload   |  frame: one append, one write
 //! +---------+---------+--------------+-----------+
 //! | len u32 | crc u32 | head crc u32 | payload   |
@@ -26,12 +26,15 @@
 //! interrupted write leaves at offset X is a head that checks out with its payload cut
 //! short (its declared end past the end of the file) or not matching its checksum, or a
 //! head of zero bytes (the file grew, that page never landed). Either is a torn tail
-//! only when no good frame starts anywhere after X: an interrupted write is the last
-//! one, while damage in the middle of the journal leaves good frames behind it. Anything
-//! else (a head that is neither zeros nor checks out, a bad frame followed by good ones,
-//! a bad entry in a frame whose checksum matches) is corruption: the open is refused
-//! naming the byte offset, and the file is left exactly as it is. The head's own
-//! checksum is what tells a damaged length field from a write cut short.
+//! only when X is at or past the durable length the header records (an interrupted
+//! write is one no append before it had flushed, docs/behaviour.md §25), and no good
+//! frame starts anywhere after X (an interrupted write is the last one, while damage in
+//! the middle of the journal leaves good frames behind it). Anything else (a journal
+//! shorter than its durable length, a head that is neither zeros nor checks out, a bad
+//! frame below the durable length or followed by good ones, a bad entry in a frame
+//! whose checksum matches) is corruption: the open is refused naming the byte offset,
+//! and the file is left exactly as it is. The head's own checksum is what tells a
+//! damaged length field from a write cut short.
 //!
 //! A new journal, and a rewrite holding only the live records, are written under
 //! `idemgate.journal.new`, synced, and renamed over the journal: a crash leaves the old
@@ -48,6 +51,9 @@ use crate::failpoint;
 use dir::OpenError;
 use entry::Entries;
 pub(super) use entry::Entry;
+use header::Marks;
+pub use header::{FORMAT, FORMAT_AT, HEADER_LEN};
+use open::{Opened, open_existing};
 // Unused until the writer encodes its batches with it, as `dead_code` at `mod journal`.
 pub(super) use entry::{encode, encode_put};
 
@@ -61,6 +67,10 @@ pub(super) fn entries(buf: &[u8], mut f: impl FnMut(Entry<'_>)) {
 /// The directory around the journal: its errors, lock and `--check`.
 pub(super) mod dir;
 mod entry;
+/// The header: magic, format, and the durable length.
+mod header;
+/// Opening a journal that is there: its checks, its torn tail, its upgrade.
+mod open;
 #[cfg(test)]
 mod tests;
 
@@ -68,16 +78,8 @@ mod tests;
 pub const JOURNAL_FILE: &str = "idemgate.journal";
 /// A new journal while it is written, renamed to [`JOURNAL_FILE`] once complete.
 const STAGING_FILE: &str = "idemgate.journal.new";
-/// The on-disk format this version writes (redb stores were formats 1 and 2).
-pub const FORMAT: u64 = 3;
-
-const MAGIC: &[u8; 17] = b"idemgate journal\n";
-/// The header's length: the first frame starts here.
-pub const HEADER_LEN: usize = MAGIC.len() + 8;
 const HEADER: u64 = HEADER_LEN as u64;
 const FRAME_HEAD: u64 = 12;
-/// Where the format number is in the header: what a test changes to fake another one.
-pub const FORMAT_AT: usize = MAGIC.len();
 /// With `fsync`, the journal is grown by this many zero bytes, written and flushed, ahead
 /// of its frames: a frame then overwrites bytes the file already has, and its flush
 /// writes the data alone, not the file's new size through the filesystem's journal as
@@ -155,13 +157,18 @@ fn good_frame_in(rest: &[u8]) -> bool {
     })
 }
 
-/// Reads the frames of `file` from the header's end to `end`, calling `replay` for each
-/// entry of each good frame.
-fn scan(file: &File, end: u64, replay: &mut impl FnMut(Entry<'_>)) -> Result<Scan, ScanError> {
+/// Reads the frames of `file` from `start` (the header's end) to `end`, calling `replay`
+/// for each entry of each good frame.
+fn scan(
+    file: &File,
+    start: u64,
+    end: u64,
+    replay: &mut impl FnMut(Entry<'_>),
+) -> Result<Scan, ScanError> {
     let mut handle = file;
-    handle.seek(SeekFrom::Start(HEADER))?;
-    let mut reader = BufReader::with_capacity(READ_BUFFER, handle.take(end.saturating_sub(HEADER)));
-    let mut at = HEADER;
+    handle.seek(SeekFrom::Start(start))?;
+    let mut reader = BufReader::with_capacity(READ_BUFFER, handle.take(end.saturating_sub(start)));
+    let mut at = start;
     let mut payload = Vec::new();
     loop {
         let left = end.saturating_sub(at);
@@ -234,47 +241,17 @@ fn scan(file: &File, end: u64, replay: &mut impl FnMut(Entry<'_>)) -> Result<Sca
     }
 }
 
-/// Why a journal's header is not this version's.
-enum BadHeader {
-    Corrupt(String),
-    Version(u64),
-    Io(io::Error),
-}
-
-fn check_header(file: &File) -> Result<(), BadHeader> {
-    let mut head = Vec::with_capacity(HEADER_LEN);
-    let mut handle = file;
-    handle.seek(SeekFrom::Start(0)).map_err(BadHeader::Io)?;
-    handle
-        .take(HEADER)
-        .read_to_end(&mut head)
-        .map_err(BadHeader::Io)?;
-    let Some((magic, format)) = head.split_at_checked(MAGIC.len()) else {
-        return Err(short_header(head.len()));
-    };
-    if magic != MAGIC {
-        return Err(BadHeader::Corrupt(format!(
-            "{JOURNAL_FILE} is not an idemgate journal (its first bytes are not ours)"
-        )));
-    }
-    let format: [u8; 8] = format.try_into().map_err(|_| short_header(head.len()))?;
-    match u64::from_be_bytes(format) {
-        FORMAT => Ok(()),
-        other => Err(BadHeader::Version(other)),
-    }
-}
-
-fn short_header(len: usize) -> BadHeader {
-    BadHeader::Corrupt(format!(
-        "{JOURNAL_FILE} is shorter than a journal header ({len} bytes: empty or truncated)"
-    ))
-}
-
 /// Writes a journal holding `live` to the staging file and syncs it, whatever `fsync`
 /// says: the rename that follows must not reach the disk before the contents do.
 /// Returns the file and its length; removes it again when it could not be completed.
 pub(super) fn stage(dir: &Path, live: &[u8]) -> io::Result<Staged> {
     let frames = split(live)?;
+    staged(dir, |file| write_journal(file, live, &frames))
+}
+
+/// Writes the staging file with `write` (which returns the length written) and syncs it;
+/// removes it again when it could not be completed.
+fn staged(dir: &Path, write: impl FnOnce(&File) -> io::Result<u64>) -> io::Result<Staged> {
     dir::remove_staging(dir)?;
     let path = dir.join(STAGING_FILE);
     let file = OpenOptions::new()
@@ -282,7 +259,7 @@ pub(super) fn stage(dir: &Path, live: &[u8]) -> io::Result<Staged> {
         .write(true)
         .create_new(true)
         .open(&path)?;
-    let written = write_journal(&file, live, &frames).and_then(|len| {
+    let written = write(&file).and_then(|len| {
         file.sync_all()?;
         Ok(len)
     });
@@ -337,11 +314,18 @@ fn write_frames(out: &mut impl Write, buf: &[u8], frames: &[Range<usize>]) -> io
     Ok(len)
 }
 
+/// Writes a whole journal of `frames` of `live`; returns its length.
 fn write_journal(file: &File, live: &[u8], frames: &[Range<usize>]) -> io::Result<u64> {
+    let len = HEADER
+        + frames
+            .iter()
+            .map(|range| FRAME_HEAD + range.len() as u64)
+            .sum::<u64>();
     let mut out = BufWriter::with_capacity(READ_BUFFER, file);
-    out.write_all(MAGIC)?;
-    out.write_all(&FORMAT.to_be_bytes())?;
-    let len = HEADER + write_frames(&mut out, live, frames)?;
+    // The whole length is durable once the sync that follows is done, and nobody opens
+    // the staging file before.
+    out.write_all(&header::new(len))?;
+    write_frames(&mut out, live, frames)?;
     out.flush()?;
     Ok(len)
 }
@@ -369,8 +353,15 @@ pub(super) struct Journal {
     file: File,
     /// Held (locked) for as long as the journal is open; the lock goes with the handle.
     _lock: File,
-    /// Where the last good frame ends: the next append is written here.
+    /// Where the last good frame ends: the next append is written here. Every byte
+    /// before it is durable (flushed, with `fsync`; written, without) whenever an
+    /// append starts, so it is the length each append records in the header.
     len: u64,
+    /// Where the first frame starts.
+    start: u64,
+    /// Where the durable length is recorded; `None` for a format 3 journal that could
+    /// not be copied to this format on open (until a compaction rewrites it).
+    marks: Option<Marks>,
     /// The file's size: zero bytes written ahead of the frames end here.
     allocated: u64,
     fsync: bool,
@@ -400,15 +391,21 @@ impl Journal {
             dir::refuse_redb(dir)?;
         }
         let lock = dir::lock(dir)?;
-        let (file, len, allocated) = if dir::has_journal(dir)? {
-            open_existing(dir, &mut replay)?
+        let Opened {
+            file,
+            len,
+            allocated,
+            start,
+            marks,
+        } = if dir::has_journal(dir)? {
+            open_existing(dir, fsync, &mut replay)?
         } else {
             dir::check_empty(dir)?;
             let Staged { file, len } = stage(dir, &[]).map_err(not_writable)?;
             std::fs::rename(dir.join(STAGING_FILE), dir.join(JOURNAL_FILE))
                 .map_err(not_writable)?;
             dir::sync_dir(dir).map_err(not_writable)?;
-            (file, len, len)
+            Opened::fresh(file, len)
         };
         dir::remove_staging(dir).map_err(not_writable)?;
         Ok(Journal {
@@ -416,6 +413,8 @@ impl Journal {
             file,
             _lock: lock,
             len,
+            start,
+            marks,
             allocated,
             fsync,
             syncs: 0,
@@ -486,9 +485,14 @@ impl Journal {
     }
 
     /// Writes the frames in hand at the journal's end: one positioned write (`pwrite`),
-    /// not a seek and a write (BENCHMARKS.md, issue 29).
+    /// not a seek and a write (BENCHMARKS.md, issue 29). Then records in the header
+    /// that the journal is durable up to where they start (another `pwrite` of 12
+    /// bytes), flushed with them: true once it lands, for earlier appends were flushed.
     fn write_scratch(&mut self) -> io::Result<()> {
         self.file.write_all_at(&self.scratch, self.len)?;
+        if let Some(marks) = &mut self.marks {
+            marks.record(&self.file, self.len)?;
+        }
         failpoint::hit(failpoint::DURING_FLUSH);
         if failpoint::fails(failpoint::DURING_FLUSH) || self.injected_failure() {
             return Err(io::Error::other("fail point: the flush failed"));
@@ -529,12 +533,15 @@ impl Journal {
     /// before the rename, this journal stays as it was and the staged file is removed.
     pub(super) fn adopt(&mut self, staged: Staged, tail: &[u8]) -> io::Result<()> {
         let Staged { mut file, len } = staged;
+        let mut marks = Marks::fresh();
         let appended = split(tail).and_then(|frames| {
             file.seek(SeekFrom::Start(len))?;
             let mut out = BufWriter::with_capacity(READ_BUFFER, &file);
             let written = write_frames(&mut out, tail, &frames)?;
             out.flush()?;
             drop(out);
+            // Durable once the sync below is done, before the rename makes it the journal.
+            marks.record(&file, len + written)?;
             file.sync_all()?;
             std::fs::rename(self.dir.join(STAGING_FILE), self.dir.join(JOURNAL_FILE))?;
             Ok(len + written)
@@ -549,9 +556,29 @@ impl Journal {
         self.syncs += 1;
         self.file = file;
         self.len = len;
+        self.start = HEADER;
+        self.marks = Some(marks);
         self.allocated = len;
         self.tail_dirty = false;
         dir::sync_dir(&self.dir)
+    }
+
+    /// A clean shutdown: cuts off the zeros written ahead and records the whole journal
+    /// as durable, so that an open finds it exactly as long as it says. Without `fsync`
+    /// the frames are flushed first, so that the record never lands before them.
+    pub(super) fn close(&mut self) -> io::Result<()> {
+        if self.allocated > self.len || self.tail_dirty {
+            self.cut()?;
+            self.tail_dirty = false;
+        }
+        if let Some(marks) = &mut self.marks {
+            if !self.fsync {
+                self.file.sync_data()?;
+            }
+            marks.record(&self.file, self.len)?;
+        }
+        self.syncs += 1;
+        self.file.sync_all()
     }
 
     /// The directory the journal is in.
@@ -562,7 +589,7 @@ impl Journal {
     /// Reads the journal again from its start, calling `replay` per entry: how the index
     /// is rebuilt from what is on disk after a failed append.
     pub(super) fn replay(&self, mut replay: impl FnMut(Entry<'_>)) -> io::Result<()> {
-        match scan(&self.file, self.len, &mut replay) {
+        match scan(&self.file, self.start, self.len, &mut replay) {
             Ok(Scan::Clean | Scan::Zeros { .. }) => Ok(()),
             Ok(Scan::Torn { at, why }) => Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -611,56 +638,5 @@ impl Journal {
     /// Syncs of the journal made so far, by appends (when `fsync`) and rewrites.
     pub(super) fn syncs(&self) -> u64 {
         self.syncs
-    }
-}
-
-/// Opens the journal of `dir`, replays it and cuts off a torn tail; the header is read
-/// before the file is opened for writing, so that a read-only journal of another format
-/// is reported as that.
-fn open_existing(
-    dir: &Path,
-    replay: &mut impl FnMut(Entry<'_>),
-) -> Result<(File, u64, u64), OpenError> {
-    let at = || dir.to_owned();
-    let path = dir.join(JOURNAL_FILE);
-    let read = File::open(&path).map_err(|source| OpenError::Unreadable { path: at(), source })?;
-    check_header(&read).map_err(|bad| match bad {
-        BadHeader::Corrupt(reason) => OpenError::Corrupt { path: at(), reason },
-        BadHeader::Version(found) => OpenError::Version {
-            path: at(),
-            found: found.to_string(),
-        },
-        BadHeader::Io(source) => OpenError::Unreadable { path: at(), source },
-    })?;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(|source| OpenError::NotWritable { path: at(), source })?;
-    let end = file
-        .metadata()
-        .map_err(|source| OpenError::Unreadable { path: at(), source })?
-        .len();
-    match scan(&file, end, replay) {
-        Ok(Scan::Clean) => Ok((file, end, end)),
-        Ok(Scan::Zeros { at: len }) => Ok((file, len, end)),
-        Ok(Scan::Torn { at: good, why }) => {
-            file.set_len(good)
-                .and_then(|()| file.sync_all())
-                .map_err(|source| OpenError::NotWritable { path: at(), source })?;
-            tracing::warn!(
-                path = %path.display(),
-                at = good,
-                cut = end - good,
-                why,
-                "journal: the last write was interrupted, its frame cut off"
-            );
-            Ok((file, good, good))
-        }
-        Err(ScanError::Bad { at: offset, reason }) => Err(OpenError::Corrupt {
-            path: at(),
-            reason: format!("{JOURNAL_FILE} at byte {offset}: {reason}"),
-        }),
-        Err(ScanError::Io(source)) => Err(OpenError::Unreadable { path: at(), source }),
     }
 }

@@ -402,22 +402,26 @@ async fn a_zero_length_store_file_is_refused_and_left_as_it_is() {
     assert_eq!(fingerprint(&store).0, 0, "still empty: nothing was created");
 }
 
-/// A journal cut inside its header is refused and left as it is; one cut inside its
-/// last write (a torn tail: the write a crash interrupted) opens without that write, and
-/// every record acknowledged before it is there.
+/// A journal cut inside its header is refused and left as it is; so is one cut by a
+/// byte after a clean shutdown, which recorded its whole length as durable
+/// (docs/behaviour.md §25). One cut inside its last write after a crash (a torn tail:
+/// the write the crash interrupted) opens without that write, and every record
+/// acknowledged before it is there.
 #[tokio::test]
 async fn a_torn_tail_is_cut_off_and_a_cut_header_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
-    {
+    let store = dir.path().join("store");
+    let crashed = {
         let s = FileStore::open(&options(dir.path(), 1000)).expect("open");
         for k in 0..50 {
             let lease = acquire(&s, k).await;
             complete(&s, &lease, b"a response worth keeping").await;
         }
-    }
-    let store = dir.path().join("store");
+        // The file as a `kill -9` now would leave it: every write done, no shutdown.
+        std::fs::read(store.join(JOURNAL_FILE)).expect("read the journal")
+    };
     let whole = std::fs::read(store.join(JOURNAL_FILE)).expect("read the journal");
-    for len in [4, journal::FORMAT_AT + 3] {
+    for len in [4, journal::FORMAT_AT + 3, whole.len() - 1] {
         std::fs::write(store.join(JOURNAL_FILE), &whole[..len]).expect("truncate");
         let before = fingerprint(&store);
         let err = FileStore::open(&options(dir.path(), 1000)).expect_err("refused");
@@ -427,8 +431,13 @@ async fn a_torn_tail_is_cut_off_and_a_cut_header_refused() {
         );
         assert_eq!(fingerprint(&store), before, "cut to {len}: left as it is");
     }
-    let end = frames_len(&whole);
-    std::fs::write(store.join(JOURNAL_FILE), &whole[..end - 1]).expect("truncate");
+    let end = frames_len(&crashed);
+    assert_eq!(
+        end,
+        whole.len(),
+        "the same frames, without the zeros written ahead"
+    );
+    std::fs::write(store.join(JOURNAL_FILE), &crashed[..end - 1]).expect("truncate");
     let s = FileStore::open(&options(dir.path(), 1000)).expect("a torn tail opens");
     // The last write was the completion of key 49: its marker is what is left.
     assert!(matches!(existing(&s, 49).await, Record::InFlight(_)));

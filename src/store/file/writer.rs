@@ -92,6 +92,7 @@ impl<C: Clock> Writer<C> {
             let Some(tick) = tick else {
                 // Closed, and what was queued is written.
                 writer.abandon_compaction();
+                writer.close();
                 return;
             };
             if let Some(now) = tick
@@ -293,6 +294,14 @@ impl<C: Clock> Writer<C> {
             Err(err) => {
                 tracing::warn!(error = %err, path = %self.core_path(), "file store: compaction failed; the journal is kept as it is");
             }
+        }
+    }
+
+    /// A clean shutdown: the journal records its whole length as durable
+    /// (docs/behaviour.md §25). A failure leaves what the appends recorded, as a crash.
+    fn close(&mut self) {
+        if let Err(err) = self.journal.close() {
+            tracing::warn!(error = %err, path = %self.core_path(), "file store: cannot record the journal's length at shutdown");
         }
     }
 

@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
+use super::header::UNMARKED;
 use super::{FORMAT, JOURNAL_FILE, STAGING_FILE};
 
 /// The lock file inside `store.path`, held while the store is open.
@@ -40,8 +41,8 @@ pub enum OpenError {
     #[error("store.path {}: not an idemgate store or corrupt, left as it is: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
     #[error(
-        "store.path {}: on-disk format {found} is not the format {FORMAT} this idemgate reads; \
-         left as it is (use the idemgate version that wrote it, or another path)",
+        "store.path {}: on-disk format {found} is not the format {FORMAT} (or {UNMARKED}) this \
+         idemgate reads; left as it is (use the idemgate version that wrote it, or another path)",
         path.display()
     )]
     Version { path: PathBuf, found: String },

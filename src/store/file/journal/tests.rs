@@ -82,10 +82,24 @@ fn frame(payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// A header of `format`: this one's with both slots saying nothing but the header is
+/// durable, another's as far as its format number.
 fn header(format: u64) -> Vec<u8> {
-    let mut out = MAGIC.to_vec();
+    if format == FORMAT {
+        return header::new(HEADER).to_vec();
+    }
+    let mut out = header::MAGIC.to_vec();
     out.extend_from_slice(&format.to_be_bytes());
     out
+}
+
+/// What the header says was made durable.
+fn durable(dir: &Path) -> u64 {
+    let file = File::open(dir.join(JOURNAL_FILE)).expect("open");
+    match header::read(&file) {
+        Ok(header) => header.durable,
+        Err(_) => panic!("the header reads"),
+    }
 }
 
 /// A journal of three frames; returns the frames' entries and the offset of each frame.
@@ -575,4 +589,162 @@ fn a_put_encoded_from_a_record_is_the_put_of_its_encoding() {
         );
         assert_eq!(direct, via, "{record:?}");
     }
+}
+
+/// Each append records where its own frame starts (everything before it was flushed):
+/// after a crash that ends three appends, the first two frames are durable, and a cut
+/// anywhere below the third is corrupt, naming where the file ends, never a torn tail;
+/// a cut inside the third (the write a crash interrupts) is cut off as before.
+#[test]
+fn every_cut_below_the_durable_length_is_corrupt_and_every_cut_past_it_opens() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, offsets) = three_frames(dir.path());
+    assert_eq!(
+        durable(dir.path()),
+        offsets[2],
+        "the third append recorded the first two"
+    );
+    let full = journal_bytes(dir.path());
+    for cut in HEADER_LEN..full.len() {
+        fs::write(dir.path().join(JOURNAL_FILE), &full[..cut]).expect("write");
+        if (cut as u64) < offsets[2] {
+            assert_corrupt(dir.path(), &format!("at byte {cut}: the file ends there"));
+        } else {
+            let (journal, seen) = open_ok(dir.path());
+            assert_eq!(seen, frames[..2].concat(), "cut at {cut}");
+            assert_eq!(journal.len(), offsets[2], "cut at {cut}");
+        }
+    }
+}
+
+/// The case of the report (docs/behaviour.md §25): a journal of answered records cut to
+/// half its length, after a crash and after a clean shutdown.
+#[test]
+fn a_journal_cut_to_half_its_length_is_corrupt_naming_the_offset() {
+    for clean in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut journal, _) = open_ok(dir.path());
+        for k in 0..40 {
+            journal
+                .append(&enc(&[put(k, 1, b"an answered record")]))
+                .expect("append");
+        }
+        if clean {
+            journal.close().expect("close");
+        }
+        let len = journal.len() as usize;
+        drop(journal);
+        let half = len / 2;
+        let whole = journal_bytes(dir.path());
+        fs::write(dir.path().join(JOURNAL_FILE), &whole[..half]).expect("write");
+        assert_corrupt(dir.path(), &format!("at byte {half}"));
+    }
+}
+
+/// A clean shutdown records the whole length and cuts the zeros written ahead: the
+/// file is exactly that long, one byte less is corrupt, and so is a damaged byte in its
+/// last frame, which a crash could not have left half written.
+#[test]
+fn after_a_clean_close_one_byte_short_or_a_damaged_last_frame_is_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (frames, _) = three_frames(dir.path());
+    let (mut journal, _) = open_ok(dir.path());
+    let last = journal.len();
+    journal.append(&enc(&[remove(8)])).expect("append");
+    let len = journal.len();
+    assert!(journal.size() > len, "zeros written ahead");
+    journal.close().expect("close");
+    drop(journal);
+    let whole = journal_bytes(dir.path());
+    assert_eq!(whole.len() as u64, len, "the zeros are cut off");
+    assert_eq!(durable(dir.path()), len);
+
+    fs::write(dir.path().join(JOURNAL_FILE), &whole[..whole.len() - 1]).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", len - 1));
+
+    // A byte of the last frame's payload, then of its head.
+    for at in [whole.len() - 3, last as usize + 1] {
+        let mut damaged = whole.clone();
+        damaged[at] ^= 0x10;
+        fs::write(dir.path().join(JOURNAL_FILE), &damaged).expect("write");
+        assert_corrupt(dir.path(), &format!("at byte {last}"));
+    }
+
+    fs::write(dir.path().join(JOURNAL_FILE), &whole).expect("write");
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [frames.concat(), vec![remove(8)]].concat());
+}
+
+/// After a crash the last durable frame is the one before the write the crash
+/// interrupted: with that write gone altogether, a damaged byte in the frame before it
+/// is corrupt, not a torn tail to cut with the records in it.
+#[test]
+fn a_damaged_byte_in_the_last_durable_frame_is_corrupt_not_a_tail() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, offsets) = three_frames(dir.path());
+    let mut bytes = journal_bytes(dir.path());
+    bytes.truncate(offsets[2] as usize);
+    bytes[offsets[1] as usize + FRAME_HEAD as usize + 60] ^= 0x40;
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", offsets[1]));
+}
+
+/// A slot write a crash cut short leaves the other slot: the open takes it (an
+/// append's worth less said durable). Both slots damaged is a corrupt header.
+#[test]
+fn a_damaged_slot_leaves_the_other_and_two_are_corrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, offsets) = three_frames(dir.path());
+    // The third append wrote slot 0 (where it starts), the second slot 1.
+    let slots = FORMAT_AT + 8;
+    let mut bytes = journal_bytes(dir.path());
+    bytes[slots + 3] ^= 1;
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_eq!(durable(dir.path()), offsets[1]);
+    open_ok(dir.path());
+    // Slot 0 still damaged: the open wrote nothing.
+    let mut bytes = journal_bytes(dir.path());
+    bytes[slots + 12 + 3] ^= 1;
+    fs::write(dir.path().join(JOURNAL_FILE), &bytes).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {slots}: neither"));
+}
+
+/// A journal of format 3 (before the durable length) opens as it did: its torn tail is
+/// cut, whatever the length. It is then copied to this format, frame for frame, and
+/// from there on has the guarantee.
+#[test]
+fn a_journal_of_format_3_opens_as_before_and_is_copied_to_this_format() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let frames = [
+        vec![put(1, 1, b"one"), remove(2)],
+        vec![put(3, 3, b"three")],
+    ];
+    let mut old = header(header::UNMARKED);
+    assert_eq!(old.len(), header::UNMARKED_LEN);
+    for entries in &frames {
+        old.extend_from_slice(&frame(&enc(entries)));
+    }
+    let whole = old.len();
+    let mut torn = frame(&enc(&[put(4, 4, b"four")]));
+    torn.truncate(torn.len() / 2);
+    old.extend_from_slice(&torn);
+    fs::write(dir.path().join(JOURNAL_FILE), &old).expect("write");
+
+    let (mut journal, seen) = open_ok(dir.path());
+    assert_eq!(seen, frames.concat());
+    let frames_len = whole - header::UNMARKED_LEN;
+    assert_eq!(journal.len(), (HEADER_LEN + frames_len) as u64);
+    let new = journal_bytes(dir.path());
+    assert_eq!(new[..HEADER_LEN], header::new(journal.len()));
+    assert_eq!(new[HEADER_LEN..], old[header::UNMARKED_LEN..whole]);
+    assert!(!dir.path().join(STAGING_FILE).exists());
+    let next = vec![put(5, 5, b"five")];
+    journal.append(&enc(&next)).expect("append");
+    journal.close().expect("close");
+    drop(journal);
+    let (_, seen) = open_ok(dir.path());
+    assert_eq!(seen, [frames.concat(), next].concat());
+    let now = journal_bytes(dir.path());
+    fs::write(dir.path().join(JOURNAL_FILE), &now[..now.len() / 2]).expect("write");
+    assert_corrupt(dir.path(), &format!("at byte {}", now.len() / 2));
 }
