@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, on a fresh machine: installs what the tests need (redis-server),
-# then runs every test. Used by the README and by .ci/run.
+# The whole test suite, on a fresh machine: installs what the tests need (redis-server,
+# Flask, Jetty, a JDK, ...), then runs every test. Used by the README and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,12 @@ missing=()
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# python3-flask (for the system Python, /usr/bin/python3), libjetty9-java and
+# default-jdk-headless (java, javac): tests/it/real_upstreams.rs runs a Flask app and an
+# embedded Jetty (tests/real/) as upstreams; the test compiles the Jetty one with javac.
+/usr/bin/python3 -c 'import flask' >/dev/null 2>&1 || missing+=(python3-flask)
+[ -f /usr/share/java/jetty9-server.jar ] && [ -f /usr/share/java/servlet-api.jar ] || missing+=(libjetty9-java)
+command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"

@@ -38,6 +38,7 @@ mod operations;
 mod principal;
 mod proxy_redis;
 mod readme;
+mod real_upstreams;
 mod reconcile;
 mod redis_full;
 mod redis_malformed;
