@@ -176,4 +176,6 @@ pub enum CredentialError {
     Audience,
     #[error("the token has no '{0}' claim")]
     MissingClaim(String),
+    #[error("the token's '{0}' claim is not of its type")]
+    ClaimType(&'static str),
 }
