@@ -8,7 +8,7 @@
 //! - `jwt.rs`: one token checked against those keys (or an HMAC secret);
 //! - `cache.rs`: tokens already verified, so that a retry does not pay a signature check;
 //! - `verifier.rs`: a policy's source at run time: the header read, the key set kept
-//!   fresh, `trusted_header` and `basic`.
+//!   fresh, `trusted_header` and `basic` (the user name and a hash of the password).
 //!
 //! Nothing here logs, counts or returns a token, a claim value or a secret: errors say
 //! what was wrong, never with what.
@@ -35,9 +35,25 @@ pub enum ScopePrincipal {
     Jwt(Arc<JwtSource>),
     /// A header an authenticating proxy in front sets, taken as is.
     TrustedHeader(HeaderName),
-    /// The user name of HTTP Basic authentication (the password is left out, so that a
-    /// rotated password keeps the scope).
-    Basic,
+    /// HTTP Basic authentication: the user name and, unless the password is checked
+    /// before a replay, a hash of the password.
+    Basic(BasicPrincipal),
+}
+
+/// What the principal of HTTP Basic credentials is made of (docs/behaviour.md §25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BasicPrincipal {
+    /// The user name and a SHA-256 of the password: idemgate cannot check the password,
+    /// and a replay never reaches the upstream that can, so a user name alone would let
+    /// `alice:<anything>` read alice's records. A rotated password is a new scope. What
+    /// `basic: true` means, unless the policy checks the password before a replay.
+    UserAndPassword,
+    /// The user name alone, so that a rotated password keeps the scope: only for a
+    /// policy whose `replay_authorization` has the upstream check the password before
+    /// any replay. Never written in `scope_principal`: the policy sets it from that key
+    /// (which is not built yet; until it is, every Basic principal is
+    /// [`UserAndPassword`](Self::UserAndPassword)).
+    UserAlone,
 }
 
 impl ScopePrincipal {
@@ -47,7 +63,7 @@ impl ScopePrincipal {
         match self {
             ScopePrincipal::Jwt(jwt) => &jwt.header,
             ScopePrincipal::TrustedHeader(name) => name,
-            ScopePrincipal::Basic => &http::header::AUTHORIZATION,
+            ScopePrincipal::Basic(_) => &http::header::AUTHORIZATION,
         }
     }
 
@@ -59,7 +75,7 @@ impl ScopePrincipal {
                 a.header == b.header && a.claims == b.claims
             }
             (ScopePrincipal::TrustedHeader(a), ScopePrincipal::TrustedHeader(b)) => a == b,
-            (ScopePrincipal::Basic, ScopePrincipal::Basic) => true,
+            (ScopePrincipal::Basic(a), ScopePrincipal::Basic(b)) => a == b,
             _ => false,
         }
     }

@@ -19,11 +19,14 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue, Uri};
 use jsonwebtoken::DecodingKey;
 use prometheus_client::metrics::counter::Counter;
+use sha2::{Digest, Sha256};
 
 use super::cache::TokenCache;
 use super::jwks::{JwksError, KeySet, parse_jwks};
 use super::jwt::{self, Failed};
-use super::{CredentialError, JwkSet, JwtKeys, JwtSource, Principal, ScopePrincipal};
+use super::{
+    BasicPrincipal, CredentialError, JwkSet, JwtKeys, JwtSource, Principal, ScopePrincipal,
+};
 
 /// The shortest time between two reads of a key set for unknown `kid`s.
 const ON_DEMAND_EVERY: Duration = Duration::from_secs(30);
@@ -179,7 +182,7 @@ impl Verifier {
             (ScopePrincipal::TrustedHeader(_), _) => {
                 Ok((!value.is_empty()).then(|| Principal::of([value.as_bytes()])))
             }
-            (ScopePrincipal::Basic, _) => basic_user(value).map(Some),
+            (ScopePrincipal::Basic(made_of), _) => basic(value, *made_of).map(Some),
             (ScopePrincipal::Jwt(_), Some(jwt)) => jwt.principal(value).map(Some),
             (ScopePrincipal::Jwt(_), None) => Err(CredentialError::UnknownKey),
         }
@@ -297,8 +300,10 @@ fn bearer(value: &HeaderValue, authorization: bool) -> Result<&str, CredentialEr
     Ok(token)
 }
 
-/// The user name of `Basic base64(user:password)` (RFC 7617).
-fn basic_user(value: &HeaderValue) -> Result<Principal, CredentialError> {
+/// The principal of `Basic base64(user:password)` (RFC 7617): the user name and, unless
+/// the password is checked before a replay, its SHA-256 (docs/behaviour.md §25). Neither
+/// the password nor its hash leaves the [`Principal`], which is never printed.
+fn basic(value: &HeaderValue, made_of: BasicPrincipal) -> Result<Principal, CredentialError> {
     let text = value.to_str().map_err(|_| CredentialError::BadBasic)?;
     let encoded = match text.split_once(' ') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("basic") => rest.trim(),
@@ -311,7 +316,14 @@ fn basic_user(value: &HeaderValue) -> Result<Principal, CredentialError> {
         .iter()
         .position(|b| *b == b':')
         .ok_or(CredentialError::BadBasic)?;
-    Ok(Principal::of([&decoded[..colon]]))
+    let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+    Ok(match made_of {
+        BasicPrincipal::UserAndPassword => {
+            let hash: [u8; 32] = Sha256::digest(password).into();
+            Principal::of([user, hash.as_slice()])
+        }
+        BasicPrincipal::UserAlone => Principal::of([user]),
+    })
 }
 
 #[cfg(test)]
@@ -323,24 +335,40 @@ mod tests {
     }
 
     #[test]
-    fn basic_keeps_the_user_and_drops_the_password() {
-        // alice:old and alice:new
-        let old = basic_user(&value("Basic YWxpY2U6b2xk")).expect("valid");
-        let new = basic_user(&value("basic YWxpY2U6bmV3")).expect("valid");
-        assert_eq!(old, new);
-        let bob = basic_user(&value("Basic Ym9iOm9sZA==")).expect("valid");
-        assert_ne!(old, bob);
+    fn basic_is_the_user_and_the_password_unless_the_password_is_checked() {
+        let both = BasicPrincipal::UserAndPassword;
+        // alice:old, alice:old (scheme in another case), alice:new, bob:old
+        let old = basic(&value("Basic YWxpY2U6b2xk"), both).expect("valid");
         assert_eq!(
-            basic_user(&value("Bearer x")),
+            old,
+            basic(&value("basic YWxpY2U6b2xk"), both).expect("valid")
+        );
+        let new = basic(&value("Basic YWxpY2U6bmV3"), both).expect("valid");
+        assert_ne!(old, new, "a wrong or rotated password is another caller");
+        let bob = basic(&value("Basic Ym9iOm9sZA=="), both).expect("valid");
+        assert_ne!(old, bob);
+        // Where replay_authorization checks the password: the user name alone.
+        let alone = BasicPrincipal::UserAlone;
+        let old = basic(&value("Basic YWxpY2U6b2xk"), alone).expect("valid");
+        assert_eq!(
+            old,
+            basic(&value("Basic YWxpY2U6bmV3"), alone).expect("valid")
+        );
+        assert_ne!(
+            old,
+            basic(&value("Basic Ym9iOm9sZA=="), alone).expect("valid")
+        );
+        assert_eq!(
+            basic(&value("Bearer x"), both),
             Err(CredentialError::NotBasic)
         );
         assert_eq!(
-            basic_user(&value("Basic !!!")),
+            basic(&value("Basic !!!"), both),
             Err(CredentialError::BadBasic)
         );
         // "alice" with no colon
         assert_eq!(
-            basic_user(&value("Basic YWxpY2U=")),
+            basic(&value("Basic YWxpY2U="), alone),
             Err(CredentialError::BadBasic)
         );
     }

@@ -2,7 +2,7 @@
 //! naming their key, and `--check` showing every key but the secret.
 
 use super::*;
-use crate::principal::{JwtKeys, ScopePrincipal, Secret};
+use crate::principal::{BasicPrincipal, JwtKeys, ScopePrincipal, Secret};
 
 /// A key set with one RSA key (its numbers need not make a real key to be read).
 const JWKS: &str = r#"{"keys":[{"kty":"RSA","kid":"k1","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"}]}"#;
@@ -37,7 +37,7 @@ fn a_jwt_source_gets_its_defaults_and_the_secret_as_written() {
     ));
     assert_eq!(
         policy_for(&config, "/a").scope_principal,
-        Some(ScopePrincipal::Basic)
+        Some(ScopePrincipal::Basic(BasicPrincipal::UserAndPassword))
     );
     assert!(policy_for(&config, "/a").require_principal);
     assert_eq!(
@@ -141,4 +141,40 @@ fn check_prints_every_key_and_masks_the_secret() {
     let plain = parse_ok(MINIMAL);
     assert!(!plain.to_yaml().contains("scope_principal"));
     assert_eq!(parse_ok(&plain.to_yaml()), plain);
+}
+
+/// `--check` says what a Basic principal is made of, per policy (docs/behaviour.md §25):
+/// the user name and a hash of the password, or, where `replay_authorization` checks the
+/// password (the switch that key will set), the user name alone.
+#[test]
+fn check_says_what_a_basic_principal_is_made_of() {
+    let text = with_minimal(
+        "idempotency:\n  scope_principal: {basic: true}\nroutes:\n  - path: /inherits\n  \
+         - path: /trusted\n    scope_principal: {trusted_header: x-user}\n  - path: /checked\n",
+    );
+    let mut config = parse_ok(&text);
+    let yaml = config.to_yaml();
+    assert!(
+        yaml.starts_with(
+            "# idempotency: scope_principal basic: the principal is the user name and a \
+             SHA-256 of the password\n#   (no replay_authorization"
+        ),
+        "{yaml}"
+    );
+    assert!(!yaml.contains("# routes["), "inherited, said once:\n{yaml}");
+    assert_eq!(parse_ok(&yaml), config, "the comment loads back as nothing");
+    config.routes[2].policy.scope_principal =
+        Some(ScopePrincipal::Basic(BasicPrincipal::UserAlone));
+    let yaml = config.to_yaml();
+    assert!(
+        yaml.contains(
+            "\n# routes[2]: scope_principal basic: the principal is the user name alone\n#   \
+             (replay_authorization checks the password before any replay).\n"
+        ),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains("# routes[0]") && !yaml.contains("# routes[1]"),
+        "{yaml}"
+    );
 }
