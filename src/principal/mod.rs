@@ -67,6 +67,16 @@ impl ScopePrincipal {
         }
     }
 
+    /// Whether a request without a principal still scopes by it (the anonymous scope),
+    /// rather than as if `scope_principal` were unset (docs/behaviour.md §25). Only when
+    /// the credential is read from `Authorization`: a request lacking it has no
+    /// credential at all. Lacking a `trusted_header`, or a `jwt` read from another
+    /// header, it may carry its credential in `Authorization` or the other scope
+    /// headers, which must then scope it, never the remaining headers alone.
+    pub fn scopes_the_anonymous(&self) -> bool {
+        self.header() == http::header::AUTHORIZATION
+    }
+
     /// Whether `self` and `other` give every request the same principal, hence the same
     /// record addresses: the keys may differ (a rotated set), the claims read may not.
     pub fn same_principals(&self, other: &ScopePrincipal) -> bool {

@@ -275,6 +275,60 @@ async fn a_trusted_header_and_a_basic_user_scope_by_the_caller() {
     assert_eq!(up.count(), 5);
 }
 
+/// A request that lacks the header a `trusted_header` or a `jwt` from another header
+/// reads is scoped as if `scope_principal` were unset (docs/behaviour.md §25): its raw
+/// `Authorization` is in its scope, so two tenants that send the same key without that
+/// header never read each other's answer; under `require_principal` it is refused.
+#[tokio::test]
+async fn a_missing_principal_keeps_the_credential_in_the_scope() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  scope_principal: {trusted_header: X-Auth-Request-User}\n\
+                routes:\n  - path: /jwt\n    scope_principal:\n      jwt: {hs256_secret: s3cr3t, header: x-jwt}\n\
+                \x20 - path: /required\n    require_principal: true\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let client = proxy.client();
+    for path in ["/charges", "/jwt"] {
+        // Each route its own key: without a principal, both scope by the same headers.
+        let send = |authorization: &'static str| {
+            let headers = [("idempotency-key", path), ("authorization", authorization)];
+            let client = client.clone();
+            async move { client.send("POST", path, &headers, "{}").await }
+        };
+        let before = up.count();
+        let tenant_a = send("Bearer tenant-a").await;
+        let tenant_b = send("Bearer tenant-b").await;
+        assert_eq!(
+            tenant_a.status,
+            StatusCode::CREATED,
+            "{path}: {}",
+            tenant_a.text()
+        );
+        assert!(
+            !tenant_b.replayed(),
+            "{path}: tenant b was replayed tenant a's answer"
+        );
+        assert_ne!(tenant_a.body, tenant_b.body, "{path}");
+        // A retry of the same tenant still replays: it is scoped, not unguarded.
+        let retry = send("Bearer tenant-a").await;
+        assert!(retry.replayed(), "{path}: {}", retry.text());
+        assert_eq!(retry.body, tenant_a.body, "{path}");
+        assert_eq!(up.count(), before + 2, "{path}");
+    }
+    let refused = client
+        .send(
+            "POST",
+            "/required",
+            &[
+                ("idempotency-key", "k"),
+                ("authorization", "Bearer tenant-a"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.problem(), "missing-credentials");
+}
+
 /// `idemgate_jwks_refresh_failures_total` as the admin listener at `admin` exports it.
 async fn refresh_failures(admin: &TestClient) -> u64 {
     let metrics = admin.send("GET", "/metrics", &[], "").await.text();
