@@ -70,6 +70,7 @@ struct JwtFields {
     jwks_url: Option<JwksUrl>,
     hs256_secret: Option<SecretText>,
     jwks_refresh: Option<Dur>,
+    jwks_timeout: Option<Dur>,
     issuer: Option<Text>,
     audience: Option<Text>,
     leeway: Option<Dur>,
@@ -80,6 +81,9 @@ struct RawJwt(JwtSource);
 
 /// How often a key set is read again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(5 * 60);
+
+/// The longest a read of a key set takes by default (docs/behaviour.md §25).
+const DEFAULT_JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The clock skew allowed on `exp` and `nbf` by default.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
@@ -111,6 +115,7 @@ impl<'de> Deserialize<'de> for RawJwt {
             claims,
             keys,
             refresh: f.jwks_refresh.map_or(DEFAULT_REFRESH, |d| d.0),
+            timeout: f.jwks_timeout.map_or(DEFAULT_JWKS_TIMEOUT, |d| d.0),
             issuer: f.issuer.map(|t| t.0),
             audience: f.audience.map(|t| t.0),
             leeway: f.leeway.map_or(DEFAULT_LEEWAY, |d| d.0),
@@ -248,6 +253,7 @@ fn jwt_mapping(jwt: &JwtSource) -> Mapping {
         }
     }
     map.insert("jwks_refresh".into(), duration(&jwt.refresh));
+    map.insert("jwks_timeout".into(), duration(&jwt.timeout));
     if let Some(issuer) = &jwt.issuer {
         map.insert("issuer".into(), issuer.as_str().into());
     }

@@ -201,6 +201,7 @@ mod tests {
             claims: vec!["iss".into(), "sub".into()],
             keys: JwtKeys::Url("https://idp/jwks".parse().expect("uri")),
             refresh: Duration::from_secs(300),
+            timeout: Duration::from_secs(5),
             issuer: issuer.map(str::to_owned),
             audience: None,
             leeway: Duration::from_secs(60),

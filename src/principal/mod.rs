@@ -7,8 +7,9 @@
 //! - `jwks.rs`: a JWK set as read, and the keys and algorithms it allows;
 //! - `jwt.rs`: one token checked against those keys (or an HMAC secret);
 //! - `cache.rs`: tokens already verified, so that a retry does not pay a signature check;
-//! - `verifier.rs`: a policy's source at run time: the header read, the key set kept
-//!   fresh, `trusted_header` and `basic` (the user name and a hash of the password).
+//! - `refresh.rs`: a key set kept fresh, one bounded read at a time;
+//! - `verifier.rs`: a policy's source at run time: the header read, the token verified,
+//!   `trusted_header` and `basic` (the user name and a hash of the password).
 //!
 //! Nothing here logs, counts or returns a token, a claim value or a secret: errors say
 //! what was wrong, never with what.
@@ -16,6 +17,7 @@
 mod cache;
 mod jwks;
 mod jwt;
+mod refresh;
 mod verifier;
 
 use std::path::PathBuf;
@@ -26,7 +28,8 @@ use http::{HeaderName, Uri};
 
 pub use jsonwebtoken::jwk::JwkSet;
 pub use jwks::{JwksError, parse_jwks};
-pub use verifier::{Fetch, FetchFuture, RefreshError, Verifier};
+pub use refresh::{Fetch, FetchFuture, RefreshError};
+pub use verifier::Verifier;
 
 /// `scope_principal`: where the verified principal of a request comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +104,9 @@ pub struct JwtSource {
     pub keys: JwtKeys,
     /// How often the key set is read again.
     pub refresh: Duration,
+    /// The longest a read of the key set may take (`jwks_timeout`); requests waiting on
+    /// an unknown `kid` are answered when it ends (docs/behaviour.md §25).
+    pub timeout: Duration,
     /// When set, the token's `iss` must be this.
     pub issuer: Option<String>,
     /// When set, the token's `aud` must hold this.
@@ -168,6 +174,19 @@ impl std::fmt::Debug for Principal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Principal(..)")
     }
+}
+
+/// Why a request's principal is not known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrincipalError {
+    /// The credential does not verify: `401 invalid-credentials`.
+    #[error(transparent)]
+    Invalid(#[from] CredentialError),
+    /// The token names a key the set lacks, and the read of the set it waited on failed
+    /// or timed out (docs/behaviour.md §25): `503 principal-unavailable`, to be asked
+    /// again after `retry_after`, when another read will be made.
+    #[error("the key set that could verify the token could not be read")]
+    Unavailable { retry_after: Duration },
 }
 
 /// Why a credential that was present is refused: `401 invalid-credentials`. The messages

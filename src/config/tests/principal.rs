@@ -25,6 +25,7 @@ fn a_jwt_source_gets_its_defaults_and_the_secret_as_written() {
     assert_eq!(jwt.header, header("authorization"));
     assert_eq!(jwt.claims, ["iss", "sub"]);
     assert_eq!(jwt.refresh, secs(300));
+    assert_eq!(jwt.timeout, secs(5));
     assert_eq!(jwt.leeway, secs(60));
     assert_eq!((&jwt.issuer, &jwt.audience), (&None, &None));
     // The bytes as written, not base64-decoded.
@@ -85,6 +86,12 @@ fn scope_principal_errors_name_their_key() {
         "idempotency.scope_principal.jwt.foo",
     );
     error_at(
+        &with_minimal(
+            "idempotency:\n  scope_principal:\n    jwt: {hs256_secret: s, jwks_timeout: 0s}\n",
+        ),
+        "idempotency.scope_principal.jwt.jwks_timeout",
+    );
+    error_at(
         &with_minimal("idempotency:\n  require_principal: maybe\n"),
         "idempotency.require_principal",
     );
@@ -114,7 +121,8 @@ fn check_prints_every_key_and_masks_the_secret() {
     let env = env_map(&[("JWT_SECRET", "s3cr3t-value")]);
     let text = with_minimal(
         "idempotency:\n  scope_principal:\n    jwt:\n      hs256_secret: ${JWT_SECRET}\n      \
-         issuer: https://idp\n      audience: api\n      claims: [sub]\n",
+         issuer: https://idp\n      audience: api\n      claims: [sub]\n      \
+         jwks_timeout: 250ms\n",
     );
     let config = Config::from_yaml_str(&text, &env).expect("valid");
     let yaml = config.to_yaml();
@@ -128,6 +136,7 @@ fn check_prints_every_key_and_masks_the_secret() {
         "issuer: https://idp",
         "audience: api",
         "jwks_refresh: 5m",
+        "jwks_timeout: 250ms",
         "leeway: 1m",
     ] {
         assert!(yaml.contains(key), "{key} in {yaml}");
