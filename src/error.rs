@@ -11,7 +11,7 @@ use crate::config::{ErrorFormat, ErrorsConfig};
 use crate::idempotency::path::PathError;
 use crate::idempotency::{KeyError, Rejection};
 use crate::metrics::Outcome;
-use crate::principal::CredentialError;
+use crate::principal::{CredentialError, PrincipalError};
 use crate::store::StoreError;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,6 +74,10 @@ pub(crate) enum ProxyError {
     InvalidCredentials(#[source] CredentialError),
     #[error("this route requires credentials that say who the caller is")]
     MissingCredentials,
+    /// The token names a key the set lacks, and the read of the set it waited on failed
+    /// or timed out (docs/behaviour.md §25).
+    #[error("the key set that could verify the token could not be read; retry later")]
+    PrincipalUnavailable { retry_after: Duration },
     #[error("a request with this key is still being executed")]
     InFlight { retry_after: Duration },
     #[error("the response to this key was too large to keep and cannot be replayed")]
@@ -200,6 +204,17 @@ impl AdminError {
     }
 }
 
+impl From<PrincipalError> for ProxyError {
+    fn from(err: PrincipalError) -> Self {
+        match err {
+            PrincipalError::Invalid(err) => ProxyError::InvalidCredentials(err),
+            PrincipalError::Unavailable { retry_after } => {
+                ProxyError::PrincipalUnavailable { retry_after }
+            }
+        }
+    }
+}
+
 impl From<Rejection> for ProxyError {
     fn from(r: Rejection) -> Self {
         match r {
@@ -251,6 +266,12 @@ impl ProxyError {
                 "missing-credentials",
                 "Credentials required",
                 None,
+            ),
+            E::PrincipalUnavailable { retry_after } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "principal-unavailable",
+                "Credentials cannot be verified now",
+                Some(*retry_after),
             ),
             E::BadRequestBody(_) => (
                 StatusCode::BAD_REQUEST,
@@ -372,6 +393,7 @@ impl ProxyError {
             E::InvalidKey(_) => Outcome::InvalidKey,
             E::InvalidCredentials(_) => Outcome::InvalidCredentials,
             E::MissingCredentials => Outcome::MissingCredentials,
+            E::PrincipalUnavailable { .. } => Outcome::PrincipalUnavailable,
             E::InFlight { .. } => Outcome::InFlight,
             E::NotReplayable => Outcome::NotReplayable,
             E::BodyTooLarge { .. } => Outcome::TooLarge,
@@ -398,6 +420,8 @@ impl ProxyError {
             | E::InvalidKey(_)
             | E::InvalidCredentials(_)
             | E::MissingCredentials
+            // The failed read of the key set is logged and counted once, not per request.
+            | E::PrincipalUnavailable { .. }
             | E::InFlight { .. }
             | E::NotReplayable
             | E::BodyTooLarge { .. }

@@ -370,10 +370,16 @@ impl Policy {
         Scope {
             headers: &self.scope_headers,
             cookies: &self.scope_cookies,
-            principal: self.scope_principal.as_ref().map(|source| ByPrincipal {
-                replaces: source.header(),
-                principal: principal.map(Principal::as_bytes),
-            }),
+            // Without a principal, scoped as if unset unless the credential's header is
+            // `Authorization` (docs/behaviour.md §25).
+            principal: self
+                .scope_principal
+                .as_ref()
+                .filter(|source| principal.is_some() || source.scopes_the_anonymous())
+                .map(|source| ByPrincipal {
+                    replaces: source.header(),
+                    principal: principal.map(Principal::as_bytes),
+                }),
         }
     }
 

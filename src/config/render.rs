@@ -73,9 +73,10 @@ pub(super) fn to_yaml(config: &Config) -> String {
     let yaml = serde_yaml::to_string(&root)
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
     format!(
-        "{}{}{yaml}",
+        "{}{}{}{yaml}",
         masked_notice(config),
-        streaming_notice(config)
+        streaming_notice(config),
+        super::scope_principal::basic_notice(config)
     )
 }
 

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use serde_yaml::{Mapping, Value};
 
-use super::MASK;
 use super::render::{duration, header_name};
 use super::values::{Dur, Flag, Header, Raw, Text};
-use crate::principal::{JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
+use super::{Config, MASK};
+use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
 
 /// `scope_principal` as written: exactly one of its three sources.
 #[derive(Debug, Clone)]
@@ -48,7 +48,9 @@ impl<'de> Deserialize<'de> for RawScopePrincipal {
         let source = match (fields.jwt, fields.trusted_header, basic) {
             (Some(jwt), None, false) => ScopePrincipal::Jwt(Arc::new(jwt.0)),
             (None, Some(name), false) => ScopePrincipal::TrustedHeader(name.0),
-            (None, None, true) => ScopePrincipal::Basic,
+            // The password is part of the principal until a policy's
+            // `replay_authorization` checks it (docs/behaviour.md §25).
+            (None, None, true) => ScopePrincipal::Basic(BasicPrincipal::UserAndPassword),
             _ => {
                 return Err(de::Error::custom(
                     "write exactly one of jwt: {...}, trusted_header: NAME or basic: true",
@@ -68,6 +70,7 @@ struct JwtFields {
     jwks_url: Option<JwksUrl>,
     hs256_secret: Option<SecretText>,
     jwks_refresh: Option<Dur>,
+    jwks_timeout: Option<Dur>,
     issuer: Option<Text>,
     audience: Option<Text>,
     leeway: Option<Dur>,
@@ -78,6 +81,9 @@ struct RawJwt(JwtSource);
 
 /// How often a key set is read again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(5 * 60);
+
+/// The longest a read of a key set takes by default (docs/behaviour.md §25).
+const DEFAULT_JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The clock skew allowed on `exp` and `nbf` by default.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
@@ -109,6 +115,7 @@ impl<'de> Deserialize<'de> for RawJwt {
             claims,
             keys,
             refresh: f.jwks_refresh.map_or(DEFAULT_REFRESH, |d| d.0),
+            timeout: f.jwks_timeout.map_or(DEFAULT_JWKS_TIMEOUT, |d| d.0),
             issuer: f.issuer.map(|t| t.0),
             audience: f.audience.map(|t| t.0),
             leeway: f.leeway.map_or(DEFAULT_LEEWAY, |d| d.0),
@@ -172,6 +179,43 @@ impl<'de> Deserialize<'de> for SecretText {
     }
 }
 
+/// The comment that says what a Basic principal is made of in each policy that has one
+/// (docs/behaviour.md §25): the user name and a hash of the password, or the user name
+/// alone where `replay_authorization` checks the password. A route is named when its
+/// `scope_principal` differs from `idempotency`'s, as it is printed then.
+pub(super) fn basic_notice(config: &Config) -> String {
+    let base = &config.idempotency.scope_principal;
+    let sections = std::iter::once(("idempotency".to_owned(), base)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy.scope_principal))
+            .filter(|(_, own)| *own != base),
+    );
+    let mut notice = String::new();
+    for (section, source) in sections {
+        let Some(ScopePrincipal::Basic(made_of)) = source else {
+            continue;
+        };
+        let (what, why) = match made_of {
+            BasicPrincipal::UserAndPassword => (
+                "the user name and a SHA-256 of the password",
+                "no replay_authorization checks the password before a replay; a new \
+                 password is a new scope",
+            ),
+            BasicPrincipal::UserAlone => (
+                "the user name alone",
+                "replay_authorization checks the password before any replay",
+            ),
+        };
+        notice.push_str(&format!(
+            "# {section}: scope_principal basic: the principal is {what}\n#   ({why}).\n"
+        ));
+    }
+    notice
+}
+
 /// `scope_principal` for `--check`: `null` when unset, the secret as `***`.
 pub(super) fn show(source: &Option<ScopePrincipal>) -> Value {
     let Some(source) = source else {
@@ -185,7 +229,7 @@ pub(super) fn show(source: &Option<ScopePrincipal>) -> Value {
         ScopePrincipal::TrustedHeader(name) => {
             map.insert("trusted_header".into(), header_name(name));
         }
-        ScopePrincipal::Basic => {
+        ScopePrincipal::Basic(_) => {
             map.insert("basic".into(), true.into());
         }
     }
@@ -209,6 +253,7 @@ fn jwt_mapping(jwt: &JwtSource) -> Mapping {
         }
     }
     map.insert("jwks_refresh".into(), duration(&jwt.refresh));
+    map.insert("jwks_timeout".into(), duration(&jwt.timeout));
     if let Some(issuer) = &jwt.issuer {
         map.insert("issuer".into(), issuer.as_str().into());
     }

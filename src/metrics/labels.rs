@@ -39,10 +39,12 @@ pub enum Outcome {
     InvalidCredentials,
     /// No credential where `require_principal` asks for one.
     MissingCredentials,
+    /// The read of the key set an unknown `kid` waited on failed or timed out.
+    PrincipalUnavailable,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 21] = [
+    pub const ALL: [Outcome; 22] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -64,6 +66,7 @@ impl Outcome {
         Outcome::Unscoped,
         Outcome::InvalidCredentials,
         Outcome::MissingCredentials,
+        Outcome::PrincipalUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -89,6 +92,7 @@ impl Outcome {
             Outcome::Unscoped => "unscoped",
             Outcome::InvalidCredentials => "invalid_credentials",
             Outcome::MissingCredentials => "missing_credentials",
+            Outcome::PrincipalUnavailable => "principal_unavailable",
         }
     }
 

@@ -1,5 +1,6 @@
 //! One JWT checked: its header's algorithm against the keys that may verify it, then its
-//! signature, `exp`, `nbf`, `iss` and `aud`, then the claims that name the caller.
+//! signature, `exp`, `nbf`, `iss` and `aud`, the types of the registered claims, then
+//! the claims that name the caller.
 //!
 //! The algorithm is taken from the token only to be refused when no key allows it:
 //! `none` never parses, HMAC needs `hs256_secret` (a public key used as an HMAC secret
@@ -118,6 +119,15 @@ fn check(
         },
     )?;
     let claims = data.claims;
+    typed(&claims)?;
+    // The library reads `exp` only as a `u64`: a negative one would never expire.
+    if claims
+        .get("exp")
+        .and_then(Value::as_f64)
+        .is_some_and(|exp| exp < 0.0)
+    {
+        return Err(CredentialError::Expired);
+    }
     let mut values = Vec::with_capacity(source.claims.len());
     for name in &source.claims {
         let value = claims
@@ -131,8 +141,33 @@ fn check(
     }
     Ok(Verified {
         principal: Principal::of(values.iter().map(Vec::as_slice)),
-        exp: claims.get("exp").and_then(Value::as_u64),
+        // Rounded as the library rounds it when it checks it.
+        exp: claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .map(|exp| exp.round() as u64),
     })
+}
+
+/// The registered claims have their types (RFC 7519 §4.1, docs/behaviour.md §25): the
+/// library skips a claim it cannot read as its type, so a string `exp` would never
+/// expire, and a number `sub` would name a caller.
+fn typed(claims: &Map<String, Value>) -> Result<(), CredentialError> {
+    for name in ["exp", "nbf", "iat", "iss", "sub", "aud"] {
+        let Some(value) = claims.get(name) else {
+            continue;
+        };
+        let has_its_type = match (name, value) {
+            ("exp" | "nbf" | "iat", Value::Number(_)) => true,
+            ("iss" | "sub" | "aud", Value::String(_)) => true,
+            ("aud", Value::Array(items)) => items.iter().all(Value::is_string),
+            _ => false,
+        };
+        if !has_its_type {
+            return Err(CredentialError::ClaimType(name));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -166,6 +201,7 @@ mod tests {
             claims: vec!["iss".into(), "sub".into()],
             keys: JwtKeys::Url("https://idp/jwks".parse().expect("uri")),
             refresh: Duration::from_secs(300),
+            timeout: Duration::from_secs(5),
             issuer: issuer.map(str::to_owned),
             audience: None,
             leeway: Duration::from_secs(60),
@@ -282,6 +318,65 @@ mod tests {
         assert!(matches!(
             verify(&src, &keys, None, &token),
             Err(Failed::Invalid(CredentialError::KeyMismatch))
+        ));
+    }
+
+    /// `exp`, `nbf`, `iat` numbers; `iss`, `sub` strings; `aud` a string or an array of
+    /// strings (docs/behaviour.md §25): a string `exp` used to make a token that never
+    /// expires, and a number where a string belongs was taken as the principal.
+    #[test]
+    fn registered_claims_of_another_type_are_refused() {
+        let (key, jwk) = p256("a");
+        let keys = set(&[jwk]);
+        let src = source(None);
+        let verify_claims = |claims: &serde_json::Value| {
+            verify(
+                &src,
+                &keys,
+                None,
+                &sign(Algorithm::ES256, "a", &key, claims),
+            )
+        };
+        let base = json!({"iss": "i", "sub": "alice", "iat": now(), "nbf": now() - 10,
+                          "exp": now() + 600, "aud": ["payments", "ledger"]});
+        assert!(verify_claims(&base).is_ok());
+        for (claim, value) in [
+            ("aud", json!("payments")),
+            ("exp", json!(now() as f64 + 600.5)),
+            ("iat", json!(-1)),
+        ] {
+            let mut claims = base.clone();
+            claims[claim] = value;
+            assert!(verify_claims(&claims).is_ok(), "{claim}: {}", claims[claim]);
+        }
+        for (claim, value) in [
+            // Long past, as a string: never expired.
+            ("exp", json!("1")),
+            ("exp", json!(null)),
+            ("nbf", json!("0")),
+            ("iat", json!(true)),
+            ("iss", json!(1)),
+            ("sub", json!(["alice"])),
+            ("sub", json!({"name": "alice"})),
+            ("aud", json!(1)),
+            ("aud", json!(["payments", 2])),
+            ("aud", json!({"payments": true})),
+        ] {
+            let mut claims = base.clone();
+            claims[claim] = value;
+            // Some the library already fails to read (as malformed): 401 either way.
+            match verify_claims(&claims) {
+                Err(Failed::Invalid(CredentialError::ClaimType(name))) => assert_eq!(name, claim),
+                Err(Failed::Invalid(CredentialError::Malformed)) => {}
+                other => panic!("{claim}: {}: {other:?}", claims[claim]),
+            }
+        }
+        // A negative `exp` is a number the library skips: long expired, not eternal.
+        let mut claims = base;
+        claims["exp"] = json!(-1);
+        assert!(matches!(
+            verify_claims(&claims),
+            Err(Failed::Invalid(CredentialError::Expired))
         ));
     }
 

@@ -7,8 +7,9 @@
 //! - `jwks.rs`: a JWK set as read, and the keys and algorithms it allows;
 //! - `jwt.rs`: one token checked against those keys (or an HMAC secret);
 //! - `cache.rs`: tokens already verified, so that a retry does not pay a signature check;
-//! - `verifier.rs`: a policy's source at run time: the header read, the key set kept
-//!   fresh, `trusted_header` and `basic`.
+//! - `refresh.rs`: a key set kept fresh, one bounded read at a time;
+//! - `verifier.rs`: a policy's source at run time: the header read, the token verified,
+//!   `trusted_header` and `basic` (the user name and a hash of the password).
 //!
 //! Nothing here logs, counts or returns a token, a claim value or a secret: errors say
 //! what was wrong, never with what.
@@ -16,6 +17,7 @@
 mod cache;
 mod jwks;
 mod jwt;
+mod refresh;
 mod verifier;
 
 use std::path::PathBuf;
@@ -26,7 +28,8 @@ use http::{HeaderName, Uri};
 
 pub use jsonwebtoken::jwk::JwkSet;
 pub use jwks::{JwksError, parse_jwks};
-pub use verifier::{Fetch, FetchFuture, RefreshError, Verifier};
+pub use refresh::{Fetch, FetchFuture, RefreshError};
+pub use verifier::Verifier;
 
 /// `scope_principal`: where the verified principal of a request comes from.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,9 +38,25 @@ pub enum ScopePrincipal {
     Jwt(Arc<JwtSource>),
     /// A header an authenticating proxy in front sets, taken as is.
     TrustedHeader(HeaderName),
-    /// The user name of HTTP Basic authentication (the password is left out, so that a
-    /// rotated password keeps the scope).
-    Basic,
+    /// HTTP Basic authentication: the user name and, unless the password is checked
+    /// before a replay, a hash of the password.
+    Basic(BasicPrincipal),
+}
+
+/// What the principal of HTTP Basic credentials is made of (docs/behaviour.md §25).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BasicPrincipal {
+    /// The user name and a SHA-256 of the password: idemgate cannot check the password,
+    /// and a replay never reaches the upstream that can, so a user name alone would let
+    /// `alice:<anything>` read alice's records. A rotated password is a new scope. What
+    /// `basic: true` means, unless the policy checks the password before a replay.
+    UserAndPassword,
+    /// The user name alone, so that a rotated password keeps the scope: only for a
+    /// policy whose `replay_authorization` has the upstream check the password before
+    /// any replay. Never written in `scope_principal`: the policy sets it from that key
+    /// (which is not built yet; until it is, every Basic principal is
+    /// [`UserAndPassword`](Self::UserAndPassword)).
+    UserAlone,
 }
 
 impl ScopePrincipal {
@@ -47,8 +66,18 @@ impl ScopePrincipal {
         match self {
             ScopePrincipal::Jwt(jwt) => &jwt.header,
             ScopePrincipal::TrustedHeader(name) => name,
-            ScopePrincipal::Basic => &http::header::AUTHORIZATION,
+            ScopePrincipal::Basic(_) => &http::header::AUTHORIZATION,
         }
+    }
+
+    /// Whether a request without a principal still scopes by it (the anonymous scope),
+    /// rather than as if `scope_principal` were unset (docs/behaviour.md §25). Only when
+    /// the credential is read from `Authorization`: a request lacking it has no
+    /// credential at all. Lacking a `trusted_header`, or a `jwt` read from another
+    /// header, it may carry its credential in `Authorization` or the other scope
+    /// headers, which must then scope it, never the remaining headers alone.
+    pub fn scopes_the_anonymous(&self) -> bool {
+        self.header() == http::header::AUTHORIZATION
     }
 
     /// Whether `self` and `other` give every request the same principal, hence the same
@@ -59,7 +88,7 @@ impl ScopePrincipal {
                 a.header == b.header && a.claims == b.claims
             }
             (ScopePrincipal::TrustedHeader(a), ScopePrincipal::TrustedHeader(b)) => a == b,
-            (ScopePrincipal::Basic, ScopePrincipal::Basic) => true,
+            (ScopePrincipal::Basic(a), ScopePrincipal::Basic(b)) => a == b,
             _ => false,
         }
     }
@@ -75,6 +104,9 @@ pub struct JwtSource {
     pub keys: JwtKeys,
     /// How often the key set is read again.
     pub refresh: Duration,
+    /// The longest a read of the key set may take (`jwks_timeout`); requests waiting on
+    /// an unknown `kid` are answered when it ends (docs/behaviour.md §25).
+    pub timeout: Duration,
     /// When set, the token's `iss` must be this.
     pub issuer: Option<String>,
     /// When set, the token's `aud` must hold this.
@@ -144,6 +176,19 @@ impl std::fmt::Debug for Principal {
     }
 }
 
+/// Why a request's principal is not known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrincipalError {
+    /// The credential does not verify: `401 invalid-credentials`.
+    #[error(transparent)]
+    Invalid(#[from] CredentialError),
+    /// The token names a key the set lacks, and the read of the set it waited on failed
+    /// or timed out (docs/behaviour.md §25): `503 principal-unavailable`, to be asked
+    /// again after `retry_after`, when another read will be made.
+    #[error("the key set that could verify the token could not be read")]
+    Unavailable { retry_after: Duration },
+}
+
 /// Why a credential that was present is refused: `401 invalid-credentials`. The messages
 /// say what is wrong, never with which value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -176,4 +221,6 @@ pub enum CredentialError {
     Audience,
     #[error("the token has no '{0}' claim")]
     MissingClaim(String),
+    #[error("the token's '{0}' claim is not of its type")]
+    ClaimType(&'static str),
 }

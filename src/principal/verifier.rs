@@ -1,89 +1,33 @@
 //! A policy's `scope_principal` at run time: reads the credential of a request and
-//! verifies it, keeping a JWT source's key set fresh (docs/behaviour.md §17).
-//!
-//! The key set is read again every `jwks_refresh`, and at once when a token names a key
-//! the set does not hold (a rotation), but then at most every [`ON_DEMAND_EVERY`], so
-//! that tokens with made-up `kid`s cannot make idemgate hammer the identity provider. A
-//! read that fails keeps the last good set, is logged at `warn` (naming the file or URL,
-//! never a key) and counted.
+//! verifies it (docs/behaviour.md §17), a JWT source with its key set kept fresh by
+//! `refresh.rs` (docs/behaviour.md §25).
 
-use std::future::Future;
-use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use arc_swap::ArcSwap;
 use base64::Engine;
 use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue, Uri};
 use jsonwebtoken::DecodingKey;
 use prometheus_client::metrics::counter::Counter;
+use sha2::{Digest, Sha256};
 
 use super::cache::TokenCache;
-use super::jwks::{JwksError, KeySet, parse_jwks};
+use super::jwks::KeySet;
 use super::jwt::{self, Failed};
-use super::{CredentialError, JwkSet, JwtKeys, JwtSource, Principal, ScopePrincipal};
-
-/// The shortest time between two reads of a key set for unknown `kid`s.
-const ON_DEMAND_EVERY: Duration = Duration::from_secs(30);
-
-/// A key set as read: the body of a file or URL.
-pub type FetchFuture<'a> = Pin<
-    Box<dyn Future<Output = Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>>> + Send + 'a>,
->;
-
-/// Reads a key set from where it is published; the proxy gives one for `jwks_url`
-/// (its own HTTPS client), this module has the one for `jwks_file`.
-pub trait Fetch: Send + Sync + std::fmt::Debug {
-    fn fetch(&self) -> FetchFuture<'_>;
-    /// The file or URL, for a log line.
-    fn describe(&self) -> String;
-}
-
-#[derive(Debug)]
-struct FileFetch(PathBuf);
-
-impl Fetch for FileFetch {
-    fn fetch(&self) -> FetchFuture<'_> {
-        Box::pin(async move { Ok(std::fs::read(&self.0)?) })
-    }
-
-    fn describe(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-/// Why a key set was not read.
-#[derive(Debug, thiserror::Error)]
-pub enum RefreshError {
-    #[error("cannot read {0}: {1}")]
-    Fetch(String, #[source] Box<dyn std::error::Error + Send + Sync>),
-    #[error("{0}: {1}")]
-    Parse(String, #[source] JwksError),
-}
-
-/// When the key set was last read.
-#[derive(Debug, Default)]
-struct Refreshed {
-    /// Any read, periodic or on demand; `None` before the first.
-    last: Option<Instant>,
-    /// The last read for an unknown `kid`.
-    on_demand: Option<Instant>,
-    /// What the last good read held, to tell whether the keys changed.
-    set: Option<Arc<JwkSet>>,
-}
+use super::refresh::{Fetch, FileFetch, KeySource, OnDemand, RefreshError};
+use super::{
+    BasicPrincipal, CredentialError, JwtKeys, JwtSource, Principal, PrincipalError, ScopePrincipal,
+};
 
 #[derive(Debug)]
 struct JwtState {
     source: Arc<JwtSource>,
-    keys: ArcSwap<KeySet>,
+    /// The key set and its reads: a `jwks_file` or `jwks_url`.
+    keys: Option<Arc<KeySource>>,
     /// `hs256_secret`, when that is the key source.
     secret: Option<SecretKey>,
-    cache: TokenCache,
-    fetch: Option<Arc<dyn Fetch>>,
-    refreshed: tokio::sync::Mutex<Refreshed>,
-    failures: Counter,
+    cache: Arc<TokenCache>,
 }
 
 /// A decoding key made of a secret, which `Debug` must not show.
@@ -116,31 +60,32 @@ impl Verifier {
                 jwt: None,
             };
         };
-        let mut refreshed = Refreshed::default();
-        let (keys, secret, fetch) = match &jwt.keys {
-            JwtKeys::File { path, set } => {
-                refreshed.last = Some(Instant::now());
-                refreshed.set = Some(Arc::clone(set));
-                let fetch: Arc<dyn Fetch> = Arc::new(FileFetch(path.clone()));
-                (KeySet::new(set), None, Some(fetch))
-            }
-            JwtKeys::Url(uri) => (KeySet::default(), None, Some(url(uri))),
-            JwtKeys::Secret(secret) => (
-                KeySet::default(),
-                Some(SecretKey(DecodingKey::from_secret(secret.expose()))),
+        let cache = Arc::new(TokenCache::default());
+        let timing = (jwt.refresh, jwt.timeout);
+        let shared = Arc::clone(&cache);
+        let key_source = move |fetch: Arc<dyn Fetch>, set| {
+            Some(Arc::new(KeySource::new(
+                fetch, timing, set, shared, failures,
+            )))
+        };
+        let (keys, secret) = match &jwt.keys {
+            JwtKeys::File { path, set } => (
+                key_source(Arc::new(FileFetch(path.clone())), Some(Arc::clone(set))),
                 None,
+            ),
+            JwtKeys::Url(uri) => (key_source(url(uri), None), None),
+            JwtKeys::Secret(secret) => (
+                None,
+                Some(SecretKey(DecodingKey::from_secret(secret.expose()))),
             ),
         };
         Self {
             source: source.clone(),
             jwt: Some(JwtState {
                 source: Arc::clone(jwt),
-                keys: ArcSwap::from_pointee(keys),
+                keys,
                 secret,
-                cache: TokenCache::default(),
-                fetch,
-                refreshed: tokio::sync::Mutex::new(refreshed),
-                failures,
+                cache,
             }),
         }
     }
@@ -151,17 +96,20 @@ impl Verifier {
 
     /// The verified principal of a request: `None` when it carries no credential,
     /// an error when the credential it carries does not verify. A token naming a key
-    /// the set lacks makes the set be read again (at most every [`ON_DEMAND_EVERY`]).
+    /// the set lacks waits for a read of the set (the one in progress, or a new one at
+    /// most every 30 s), bounded by `jwks_timeout`: still unknown after it, the token is
+    /// invalid; if the read failed, the principal is unavailable (docs/behaviour.md §25).
     pub async fn principal(
         &self,
         headers: &HeaderMap,
-    ) -> Result<Option<Principal>, CredentialError> {
-        match (self.principal_now(headers), &self.jwt) {
-            (Err(CredentialError::UnknownKey), Some(jwt)) if jwt.fetch.is_some() => {
-                jwt.refresh_on_demand().await;
-                self.principal_now(headers)
-            }
-            (other, _) => other,
+    ) -> Result<Option<Principal>, PrincipalError> {
+        let now = self.principal_now(headers);
+        let (Err(CredentialError::UnknownKey), Some(keys)) = (&now, self.key_source()) else {
+            return Ok(now?);
+        };
+        match keys.on_unknown_kid().await {
+            OnDemand::Read | OnDemand::TooSoon => Ok(self.principal_now(headers)?),
+            OnDemand::Failed { retry_after } => Err(PrincipalError::Unavailable { retry_after }),
         }
     }
 
@@ -179,7 +127,7 @@ impl Verifier {
             (ScopePrincipal::TrustedHeader(_), _) => {
                 Ok((!value.is_empty()).then(|| Principal::of([value.as_bytes()])))
             }
-            (ScopePrincipal::Basic, _) => basic_user(value).map(Some),
+            (ScopePrincipal::Basic(made_of), _) => basic(value, *made_of).map(Some),
             (ScopePrincipal::Jwt(_), Some(jwt)) => jwt.principal(value).map(Some),
             (ScopePrincipal::Jwt(_), None) => Err(CredentialError::UnknownKey),
         }
@@ -188,27 +136,23 @@ impl Verifier {
     /// Reads the key set, failing if it cannot: at start, where a `jwks_url` that
     /// cannot be read is fatal, as a `jwks_file` is when the configuration loads.
     pub async fn load(&self) -> Result<(), RefreshError> {
-        let Some(jwt) = &self.jwt else {
-            return Ok(());
-        };
-        let mut refreshed = jwt.refreshed.lock().await;
-        jwt.read(&mut refreshed).await
+        match self.key_source() {
+            Some(keys) => keys.load().await,
+            None => Ok(()),
+        }
     }
 
-    /// Reads the key set again if `jwks_refresh` has passed since the last read; a
-    /// failure keeps the last good set.
+    /// Reads the key set again if `jwks_refresh` has passed since the last read, unless
+    /// one is in progress; a failure keeps the last good set.
     pub async fn refresh_if_due(&self, now: Instant) {
-        let Some(jwt) = &self.jwt else {
-            return;
-        };
-        let mut refreshed = jwt.refreshed.lock().await;
-        if refreshed
-            .last
-            .is_some_and(|last| now.saturating_duration_since(last) < jwt.source.refresh)
-        {
-            return;
+        if let Some(keys) = self.key_source() {
+            keys.refresh_if_due(tokio::time::Instant::from_std(now))
+                .await;
         }
-        let _ = jwt.refresh(&mut refreshed).await;
+    }
+
+    fn key_source(&self) -> Option<&Arc<KeySource>> {
+        self.jwt.as_ref()?.keys.as_ref()
     }
 }
 
@@ -220,7 +164,14 @@ impl JwtState {
             return Ok(principal);
         }
         let secret = self.secret.as_ref().map(|s| &s.0);
-        match jwt::verify(&self.source, &self.keys.load(), secret, token) {
+        let keys = self.keys.as_ref().map(|keys| keys.current());
+        let empty = KeySet::default();
+        match jwt::verify(
+            &self.source,
+            keys.as_deref().unwrap_or(&empty),
+            secret,
+            token,
+        ) {
             Ok(verified) => {
                 self.cache.put(
                     token,
@@ -234,51 +185,6 @@ impl JwtState {
             Err(Failed::UnknownKey) => Err(CredentialError::UnknownKey),
             Err(Failed::Invalid(err)) => Err(err),
         }
-    }
-
-    /// A read for a `kid` the set lacks, unless one was made less than
-    /// [`ON_DEMAND_EVERY`] ago; callers that queued behind a read find its keys.
-    async fn refresh_on_demand(&self) {
-        let mut refreshed = self.refreshed.lock().await;
-        let now = Instant::now();
-        if refreshed
-            .on_demand
-            .is_some_and(|last| now.saturating_duration_since(last) < ON_DEMAND_EVERY)
-        {
-            return;
-        }
-        refreshed.on_demand = Some(now);
-        let _ = self.refresh(&mut refreshed).await;
-    }
-
-    /// [`read`](Self::read), with a failure logged and counted.
-    async fn refresh(&self, refreshed: &mut Refreshed) -> Result<(), ()> {
-        self.read(refreshed).await.map_err(|err| {
-            self.failures.inc();
-            tracing::warn!(
-                error = %err,
-                "reading the JWKS failed; the last good key set stays in use"
-            );
-        })
-    }
-
-    async fn read(&self, refreshed: &mut Refreshed) -> Result<(), RefreshError> {
-        let Some(fetch) = &self.fetch else {
-            return Ok(());
-        };
-        refreshed.last = Some(Instant::now());
-        let bytes = fetch
-            .fetch()
-            .await
-            .map_err(|err| RefreshError::Fetch(fetch.describe(), err))?;
-        let set = parse_jwks(&bytes).map_err(|err| RefreshError::Parse(fetch.describe(), err))?;
-        if refreshed.set.as_deref() != Some(&set) {
-            self.keys.store(Arc::new(KeySet::new(&set)));
-            // A token verified with a key that is gone must not stay trusted.
-            self.cache.clear();
-            refreshed.set = Some(Arc::new(set));
-        }
-        Ok(())
     }
 }
 
@@ -297,8 +203,10 @@ fn bearer(value: &HeaderValue, authorization: bool) -> Result<&str, CredentialEr
     Ok(token)
 }
 
-/// The user name of `Basic base64(user:password)` (RFC 7617).
-fn basic_user(value: &HeaderValue) -> Result<Principal, CredentialError> {
+/// The principal of `Basic base64(user:password)` (RFC 7617): the user name and, unless
+/// the password is checked before a replay, its SHA-256 (docs/behaviour.md §25). Neither
+/// the password nor its hash leaves the [`Principal`], which is never printed.
+fn basic(value: &HeaderValue, made_of: BasicPrincipal) -> Result<Principal, CredentialError> {
     let text = value.to_str().map_err(|_| CredentialError::BadBasic)?;
     let encoded = match text.split_once(' ') {
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("basic") => rest.trim(),
@@ -311,7 +219,14 @@ fn basic_user(value: &HeaderValue) -> Result<Principal, CredentialError> {
         .iter()
         .position(|b| *b == b':')
         .ok_or(CredentialError::BadBasic)?;
-    Ok(Principal::of([&decoded[..colon]]))
+    let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+    Ok(match made_of {
+        BasicPrincipal::UserAndPassword => {
+            let hash: [u8; 32] = Sha256::digest(password).into();
+            Principal::of([user, hash.as_slice()])
+        }
+        BasicPrincipal::UserAlone => Principal::of([user]),
+    })
 }
 
 #[cfg(test)]
@@ -323,24 +238,40 @@ mod tests {
     }
 
     #[test]
-    fn basic_keeps_the_user_and_drops_the_password() {
-        // alice:old and alice:new
-        let old = basic_user(&value("Basic YWxpY2U6b2xk")).expect("valid");
-        let new = basic_user(&value("basic YWxpY2U6bmV3")).expect("valid");
-        assert_eq!(old, new);
-        let bob = basic_user(&value("Basic Ym9iOm9sZA==")).expect("valid");
-        assert_ne!(old, bob);
+    fn basic_is_the_user_and_the_password_unless_the_password_is_checked() {
+        let both = BasicPrincipal::UserAndPassword;
+        // alice:old, alice:old (scheme in another case), alice:new, bob:old
+        let old = basic(&value("Basic YWxpY2U6b2xk"), both).expect("valid");
         assert_eq!(
-            basic_user(&value("Bearer x")),
+            old,
+            basic(&value("basic YWxpY2U6b2xk"), both).expect("valid")
+        );
+        let new = basic(&value("Basic YWxpY2U6bmV3"), both).expect("valid");
+        assert_ne!(old, new, "a wrong or rotated password is another caller");
+        let bob = basic(&value("Basic Ym9iOm9sZA=="), both).expect("valid");
+        assert_ne!(old, bob);
+        // Where replay_authorization checks the password: the user name alone.
+        let alone = BasicPrincipal::UserAlone;
+        let old = basic(&value("Basic YWxpY2U6b2xk"), alone).expect("valid");
+        assert_eq!(
+            old,
+            basic(&value("Basic YWxpY2U6bmV3"), alone).expect("valid")
+        );
+        assert_ne!(
+            old,
+            basic(&value("Basic Ym9iOm9sZA=="), alone).expect("valid")
+        );
+        assert_eq!(
+            basic(&value("Bearer x"), both),
             Err(CredentialError::NotBasic)
         );
         assert_eq!(
-            basic_user(&value("Basic !!!")),
+            basic(&value("Basic !!!"), both),
             Err(CredentialError::BadBasic)
         );
         // "alice" with no colon
         assert_eq!(
-            basic_user(&value("Basic YWxpY2U=")),
+            basic(&value("Basic YWxpY2U="), alone),
             Err(CredentialError::BadBasic)
         );
     }

@@ -259,7 +259,8 @@ async fn claimed<S: Store>(
 
 /// The verified principal of a keyed request under a policy with `scope_principal`
 /// (docs/behaviour.md §17): a credential that does not verify is refused, and so is none
-/// under `require_principal`; nothing is claimed or forwarded for either.
+/// under `require_principal`, and a token whose key could not be read is answered
+/// unavailable (docs/behaviour.md §25); nothing is claimed or forwarded for any.
 async fn principal(
     live: &Live,
     id: PolicyId,
@@ -269,10 +270,7 @@ async fn principal(
     let Some(verifier) = live.verifier(id) else {
         return Ok(None);
     };
-    let principal = verifier
-        .principal(headers)
-        .await
-        .map_err(ProxyError::InvalidCredentials)?;
+    let principal = verifier.principal(headers).await?;
     if principal.is_none() && policy.require_principal {
         return Err(ProxyError::MissingCredentials);
     }

@@ -2,10 +2,10 @@
 //! upstream's TLS settings (`upstream.tls`: its CA file and client certificate, and the
 //! system trust store), so an identity provider inside the same PKI as the upstream needs
 //! no more configuration. One small client per verifier: key sets are read every few
-//! minutes, not per request.
+//! minutes, not per request. A read is bounded by `jwks_timeout` where it is made
+//! (`principal/refresh.rs`), not by the upstream's `timeout`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
@@ -27,7 +27,6 @@ const MAX_JWKS: usize = 1 << 20;
 struct UrlFetch {
     uri: Uri,
     client: Client<UpstreamConnector, Empty<Bytes>>,
-    timeout: Duration,
 }
 
 impl std::fmt::Debug for UrlFetch {
@@ -37,7 +36,7 @@ impl std::fmt::Debug for UrlFetch {
 }
 
 /// What makes the reader of each `jwks_url`, with the TLS settings of `upstream` and its
-/// `connect_timeout` and `timeout`.
+/// `connect_timeout`.
 pub(crate) fn url_fetcher(upstream: &UpstreamConfig) -> impl Fn(&Uri) -> Arc<dyn Fetch> + use<> {
     let upstream = upstream.clone();
     move |uri: &Uri| {
@@ -50,7 +49,6 @@ pub(crate) fn url_fetcher(upstream: &UpstreamConfig) -> impl Fn(&Uri) -> Arc<dyn
         let fetch: Arc<dyn Fetch> = Arc::new(UrlFetch {
             uri: uri.clone(),
             client: Client::builder(TokioExecutor::new()).build(connector),
-            timeout: upstream.timeout,
         });
         fetch
     }
@@ -59,21 +57,16 @@ pub(crate) fn url_fetcher(upstream: &UpstreamConfig) -> impl Fn(&Uri) -> Arc<dyn
 impl Fetch for UrlFetch {
     fn fetch(&self) -> FetchFuture<'_> {
         Box::pin(async move {
-            let read = async {
-                let request = Request::get(self.uri.clone()).body(Empty::new())?;
-                let response = self.client.request(request).await?;
-                if response.status() != StatusCode::OK {
-                    return Err(format!("answered {}", response.status()).into());
-                }
-                let body = Limited::new(response.into_body(), MAX_JWKS)
-                    .collect()
-                    .await?
-                    .to_bytes();
-                Ok::<_, BoxError>(body.to_vec())
-            };
-            tokio::time::timeout(self.timeout, read)
-                .await
-                .map_err(|_| format!("no answer within {:?}", self.timeout))?
+            let request = Request::get(self.uri.clone()).body(Empty::new())?;
+            let response = self.client.request(request).await?;
+            if response.status() != StatusCode::OK {
+                return Err(format!("answered {}", response.status()).into());
+            }
+            let body = Limited::new(response.into_body(), MAX_JWKS)
+                .collect()
+                .await?
+                .to_bytes();
+            Ok::<_, BoxError>(body.to_vec())
         })
     }
 

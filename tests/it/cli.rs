@@ -173,6 +173,36 @@ async fn check_shows_the_trace_exporter_and_refuses_a_bad_one() {
     );
 }
 
+/// `--check` says what a Basic principal is made of (docs/behaviour.md §25): without
+/// `replay_authorization`, the user name and a hash of the password; a route that
+/// inherits it is not repeated, and the output still checks to itself.
+#[tokio::test]
+async fn check_says_a_basic_principal_is_the_user_and_a_hash_of_the_password() {
+    let file = TempConfig::new(&format!(
+        "{MINIMAL}idempotency:\n  scope_principal: {{basic: true}}\nroutes:\n  - path: /a\n  \
+         - path: /b\n    scope_principal: {{trusted_header: x-user}}\n"
+    ));
+    let out = check(&file).await;
+    assert_eq!(out.code(), Some(0), "stderr: {}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().take(2).collect();
+    assert_eq!(
+        lines,
+        [
+            "# idempotency: scope_principal basic: the principal is the user name and a \
+             SHA-256 of the password",
+            "#   (no replay_authorization checks the password before a replay; a new \
+             password is a new scope).",
+        ],
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("# routes["), "{}", out.stdout);
+    let printed = TempConfig::new(&out.stdout);
+    let again = check(&printed).await;
+    assert_eq!(again.code(), Some(0), "stderr: {}", again.stderr);
+    assert_eq!(again.stdout, out.stdout);
+}
+
 #[tokio::test]
 async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
     let cases = [

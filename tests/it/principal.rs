@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use http::StatusCode;
+use idemgate::metrics::Outcome;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use support::bin::{Running, TempConfig, free_port, idemgate, run};
-use support::jwt::{Dir, IdpUpstream, SigningKey, claims, epoch, jwks};
+use support::jwt::{Dir, HangingIdp, IdpUpstream, SigningKey, claims, epoch, jwks};
 use support::pki::Pki;
 use support::{Proxy, Resp, TestClient, Upstream};
 
@@ -253,17 +254,80 @@ async fn a_trusted_header_and_a_basic_user_scope_by_the_caller() {
     let bob = send("/charges", vec![("x-auth-request-user", "bob".into())]).await;
     assert!(!bob.replayed());
     assert_eq!(up.count(), 2);
-    // Basic: a rotated password keeps the scope; another user does not share it.
+    // Basic (docs/behaviour.md §25): idemgate cannot check the password, so it is part of
+    // the principal: the same user and password replay, a wrong (or rotated) password
+    // reads nothing of alice's, and another user does not share her scope.
     let basic = |user_pass: &str| format!("Basic {}", STANDARD.encode(user_pass));
     let old = send("/basic", vec![("authorization", basic("alice:old"))]).await;
-    let new = send("/basic", vec![("authorization", basic("alice:rotated"))]).await;
     assert!(!old.replayed(), "{:?} {}", old.status, old.text());
-    assert!(new.replayed(), "{:?} {}", new.status, new.text());
+    let again = send("/basic", vec![("authorization", basic("alice:old"))]).await;
+    assert!(again.replayed(), "{:?} {}", again.status, again.text());
+    assert_eq!(again.body, old.body);
+    let wrong = send("/basic", vec![("authorization", basic("alice:guessed"))]).await;
+    assert!(
+        !wrong.replayed(),
+        "a wrong password replayed alice's answer"
+    );
+    assert_ne!(wrong.body, old.body);
     let carol = send("/basic", vec![("authorization", basic("carol:old"))]).await;
     assert!(!carol.replayed());
     let bad = send("/basic", vec![("authorization", "Basic !!".into())]).await;
     assert_eq!(bad.problem(), "invalid-credentials");
-    assert_eq!(up.count(), 4);
+    assert_eq!(up.count(), 5);
+}
+
+/// A request that lacks the header a `trusted_header` or a `jwt` from another header
+/// reads is scoped as if `scope_principal` were unset (docs/behaviour.md §25): its raw
+/// `Authorization` is in its scope, so two tenants that send the same key without that
+/// header never read each other's answer; under `require_principal` it is refused.
+#[tokio::test]
+async fn a_missing_principal_keeps_the_credential_in_the_scope() {
+    let up = Upstream::start().await;
+    let yaml = "upstream:\n  url: {upstream}\nidempotency:\n  scope_principal: {trusted_header: X-Auth-Request-User}\n\
+                routes:\n  - path: /jwt\n    scope_principal:\n      jwt: {hs256_secret: s3cr3t, header: x-jwt}\n\
+                \x20 - path: /required\n    require_principal: true\n";
+    let proxy = Proxy::start(yaml, &up).await;
+    let client = proxy.client();
+    for path in ["/charges", "/jwt"] {
+        // Each route its own key: without a principal, both scope by the same headers.
+        let send = |authorization: &'static str| {
+            let headers = [("idempotency-key", path), ("authorization", authorization)];
+            let client = client.clone();
+            async move { client.send("POST", path, &headers, "{}").await }
+        };
+        let before = up.count();
+        let tenant_a = send("Bearer tenant-a").await;
+        let tenant_b = send("Bearer tenant-b").await;
+        assert_eq!(
+            tenant_a.status,
+            StatusCode::CREATED,
+            "{path}: {}",
+            tenant_a.text()
+        );
+        assert!(
+            !tenant_b.replayed(),
+            "{path}: tenant b was replayed tenant a's answer"
+        );
+        assert_ne!(tenant_a.body, tenant_b.body, "{path}");
+        // A retry of the same tenant still replays: it is scoped, not unguarded.
+        let retry = send("Bearer tenant-a").await;
+        assert!(retry.replayed(), "{path}: {}", retry.text());
+        assert_eq!(retry.body, tenant_a.body, "{path}");
+        assert_eq!(up.count(), before + 2, "{path}");
+    }
+    let refused = client
+        .send(
+            "POST",
+            "/required",
+            &[
+                ("idempotency-key", "k"),
+                ("authorization", "Bearer tenant-a"),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.problem(), "missing-credentials");
 }
 
 /// `idemgate_jwks_refresh_failures_total` as the admin listener at `admin` exports it.
@@ -348,6 +412,111 @@ async fn a_jwks_url_is_read_over_https_rotated_and_kept_through_a_failed_refresh
     for part in t1.split('.') {
         assert!(!log.contains(part), "a part of a token in the log:\n{log}");
     }
+}
+
+/// A JWKS refresh is single-flight and bounded by `jwks_timeout` (docs/behaviour.md
+/// §25): against an identity provider that hangs, the requests whose `kid` is unknown
+/// all wait on one read, and are answered `503 principal-unavailable` with `Retry-After`
+/// when it times out (they used to queue behind a read bounded by `upstream.timeout`,
+/// 30 s, and then one read each); a known `kid` never waits; and until another read is
+/// allowed, an unknown `kid` is `401` at once.
+#[tokio::test]
+async fn an_unknown_kid_waits_for_one_bounded_refresh_and_a_known_kid_never_waits() {
+    const JWKS_TIMEOUT: Duration = Duration::from_millis(800);
+    let known = SigningKey::ec("known");
+    let idp = HangingIdp::start(jwks(&[&known])).await;
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nidempotency:\n  scope_principal:\n    jwt:\n      \
+         jwks_url: {}\n      jwks_timeout: {}ms\n",
+        idp.url(),
+        JWKS_TIMEOUT.as_millis()
+    );
+    let proxy = Proxy::start(&yaml, &up).await;
+    // The read at start, as `idemgate` makes it before it serves: answered.
+    for verifier in proxy.state.live().verifiers() {
+        verifier.load().await.expect("the key set at start");
+    }
+    assert_eq!(idp.requests(), 1);
+    let client = proxy.client();
+
+    let started = Instant::now();
+    let unknown: Vec<_> = (0..5)
+        .map(|i| {
+            let key = SigningKey::ec(&format!("rotated-{i}"));
+            let token = bearer(&key.sign(&claims(ISS, "alice", i)));
+            let client = client.clone();
+            tokio::spawn(async move {
+                let r = post(&client, &format!("unknown-{i}"), &token).await;
+                (r, started.elapsed())
+            })
+        })
+        .collect();
+    // The refresh they asked for is held by the identity provider.
+    idp.held.notified().await;
+
+    let asked = Instant::now();
+    let r = post(
+        &client,
+        "known",
+        &bearer(&known.sign(&claims(ISS, "alice", 0))),
+    )
+    .await;
+    let took = asked.elapsed();
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert!(took < JWKS_TIMEOUT, "a known kid waited {took:?}");
+    assert!(
+        unknown.iter().all(|task| !task.is_finished()),
+        "answered before the refresh ended"
+    );
+
+    for task in unknown {
+        let (r, took) = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("answered well within the old 30 s")
+            .expect("task");
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+        assert_eq!(r.problem(), "principal-unavailable");
+        // When another read will be made for an unknown kid: within 30 s.
+        let retry_after: u64 = r.headers["retry-after"]
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .expect("Retry-After in seconds");
+        assert!((1..=30).contains(&retry_after), "{retry_after}");
+        assert!(
+            took >= JWKS_TIMEOUT && took < JWKS_TIMEOUT + Duration::from_secs(5),
+            "answered after {took:?}"
+        );
+    }
+    assert_eq!(
+        (idp.connections(), idp.requests()),
+        (2, 2),
+        "one read at start, one refresh for all five"
+    );
+
+    // Too soon for another read: an unknown kid is refused at once, nothing is read.
+    let other = SigningKey::ec("rotated-later");
+    let r = post(
+        &client,
+        "later",
+        &bearer(&other.sign(&claims(ISS, "alice", 9))),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    assert_eq!(r.problem(), "invalid-credentials");
+    assert_eq!(idp.requests(), 2);
+    assert_eq!(up.count(), 1, "only the known kid was forwarded");
+    let metrics = &proxy.state.metrics;
+    assert_eq!(metrics.requests(Outcome::PrincipalUnavailable), 5);
+    assert_eq!(metrics.requests(Outcome::InvalidCredentials), 1);
+    assert!(
+        metrics
+            .render()
+            .lines()
+            .any(|l| l == "idemgate_jwks_refresh_failures_total 1"),
+        "the timed-out read is counted once"
+    );
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! naming their key, and `--check` showing every key but the secret.
 
 use super::*;
-use crate::principal::{JwtKeys, ScopePrincipal, Secret};
+use crate::principal::{BasicPrincipal, JwtKeys, ScopePrincipal, Secret};
 
 /// A key set with one RSA key (its numbers need not make a real key to be read).
 const JWKS: &str = r#"{"keys":[{"kty":"RSA","kid":"k1","n":"sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw","e":"AQAB"}]}"#;
@@ -25,6 +25,7 @@ fn a_jwt_source_gets_its_defaults_and_the_secret_as_written() {
     assert_eq!(jwt.header, header("authorization"));
     assert_eq!(jwt.claims, ["iss", "sub"]);
     assert_eq!(jwt.refresh, secs(300));
+    assert_eq!(jwt.timeout, secs(5));
     assert_eq!(jwt.leeway, secs(60));
     assert_eq!((&jwt.issuer, &jwt.audience), (&None, &None));
     // The bytes as written, not base64-decoded.
@@ -37,7 +38,7 @@ fn a_jwt_source_gets_its_defaults_and_the_secret_as_written() {
     ));
     assert_eq!(
         policy_for(&config, "/a").scope_principal,
-        Some(ScopePrincipal::Basic)
+        Some(ScopePrincipal::Basic(BasicPrincipal::UserAndPassword))
     );
     assert!(policy_for(&config, "/a").require_principal);
     assert_eq!(
@@ -85,6 +86,12 @@ fn scope_principal_errors_name_their_key() {
         "idempotency.scope_principal.jwt.foo",
     );
     error_at(
+        &with_minimal(
+            "idempotency:\n  scope_principal:\n    jwt: {hs256_secret: s, jwks_timeout: 0s}\n",
+        ),
+        "idempotency.scope_principal.jwt.jwks_timeout",
+    );
+    error_at(
         &with_minimal("idempotency:\n  require_principal: maybe\n"),
         "idempotency.require_principal",
     );
@@ -114,7 +121,8 @@ fn check_prints_every_key_and_masks_the_secret() {
     let env = env_map(&[("JWT_SECRET", "s3cr3t-value")]);
     let text = with_minimal(
         "idempotency:\n  scope_principal:\n    jwt:\n      hs256_secret: ${JWT_SECRET}\n      \
-         issuer: https://idp\n      audience: api\n      claims: [sub]\n",
+         issuer: https://idp\n      audience: api\n      claims: [sub]\n      \
+         jwks_timeout: 250ms\n",
     );
     let config = Config::from_yaml_str(&text, &env).expect("valid");
     let yaml = config.to_yaml();
@@ -128,6 +136,7 @@ fn check_prints_every_key_and_masks_the_secret() {
         "issuer: https://idp",
         "audience: api",
         "jwks_refresh: 5m",
+        "jwks_timeout: 250ms",
         "leeway: 1m",
     ] {
         assert!(yaml.contains(key), "{key} in {yaml}");
@@ -141,4 +150,40 @@ fn check_prints_every_key_and_masks_the_secret() {
     let plain = parse_ok(MINIMAL);
     assert!(!plain.to_yaml().contains("scope_principal"));
     assert_eq!(parse_ok(&plain.to_yaml()), plain);
+}
+
+/// `--check` says what a Basic principal is made of, per policy (docs/behaviour.md §25):
+/// the user name and a hash of the password, or, where `replay_authorization` checks the
+/// password (the switch that key will set), the user name alone.
+#[test]
+fn check_says_what_a_basic_principal_is_made_of() {
+    let text = with_minimal(
+        "idempotency:\n  scope_principal: {basic: true}\nroutes:\n  - path: /inherits\n  \
+         - path: /trusted\n    scope_principal: {trusted_header: x-user}\n  - path: /checked\n",
+    );
+    let mut config = parse_ok(&text);
+    let yaml = config.to_yaml();
+    assert!(
+        yaml.starts_with(
+            "# idempotency: scope_principal basic: the principal is the user name and a \
+             SHA-256 of the password\n#   (no replay_authorization"
+        ),
+        "{yaml}"
+    );
+    assert!(!yaml.contains("# routes["), "inherited, said once:\n{yaml}");
+    assert_eq!(parse_ok(&yaml), config, "the comment loads back as nothing");
+    config.routes[2].policy.scope_principal =
+        Some(ScopePrincipal::Basic(BasicPrincipal::UserAlone));
+    let yaml = config.to_yaml();
+    assert!(
+        yaml.contains(
+            "\n# routes[2]: scope_principal basic: the principal is the user name alone\n#   \
+             (replay_authorization checks the password before any replay).\n"
+        ),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains("# routes[0]") && !yaml.contains("# routes[1]"),
+        "{yaml}"
+    );
 }

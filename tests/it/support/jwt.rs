@@ -298,3 +298,87 @@ impl Drop for IdpUpstream {
         self.task.abort();
     }
 }
+
+/// A plain-HTTP identity provider on 127.0.0.1:0 that answers its first read of the key
+/// set (idemgate's read at start), then accepts every later request, reads it, and never
+/// answers: an identity provider that hangs. Counts connections and requests; stopped
+/// (every held connection closed) on drop.
+pub struct HangingIdp {
+    pub port: u16,
+    connections: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+    /// Told each time a request is read and held.
+    pub held: Arc<tokio::sync::Notify>,
+    task: JoinHandle<()>,
+}
+
+impl HangingIdp {
+    pub async fn start(jwks: String) -> HangingIdp {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let held = Arc::new(tokio::sync::Notify::new());
+        let (conns, reqs, told) = (
+            Arc::clone(&connections),
+            Arc::clone(&requests),
+            Arc::clone(&held),
+        );
+        let task = tokio::spawn(async move {
+            let mut open = tokio::task::JoinSet::new();
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                conns.fetch_add(1, Ordering::SeqCst);
+                let (reqs, told, jwks) = (Arc::clone(&reqs), Arc::clone(&told), jwks.clone());
+                open.spawn(async move {
+                    // The request head, whole (a GET has no body).
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if reqs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                             content-length: {}\r\nconnection: close\r\n\r\n{jwks}",
+                            jwks.len()
+                        );
+                        let _ = tcp.write_all(answer.as_bytes()).await;
+                        return;
+                    }
+                    told.notify_one();
+                    // Held open, unanswered, until the client gives up or the test ends.
+                    while let Ok(1..) = tcp.read(&mut buf).await {}
+                });
+            }
+        });
+        HangingIdp {
+            port,
+            connections,
+            requests,
+            held,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/jwks.json", self.port)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for HangingIdp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
