@@ -100,6 +100,8 @@ struct Reads {
     set: Option<Arc<JwkSet>>,
     /// The read in progress: told how it ended.
     flight: Option<watch::Receiver<Option<Read>>>,
+    /// Whether the last read that ended failed: the set may lack a `kid` that exists.
+    failed: bool,
 }
 
 /// A `jwks_file` or `jwks_url`: its keys in force and the reads that keep them fresh.
@@ -185,7 +187,15 @@ impl KeySource {
                     .on_demand
                     .is_some_and(|last| now.saturating_duration_since(last) < ON_DEMAND_EVERY) =>
                 {
-                    return OnDemand::TooSoon;
+                    // After a failed read the `kid` may exist: the client is told when
+                    // the next read may be made rather than that its token is invalid.
+                    return if reads.failed {
+                        OnDemand::Failed {
+                            retry_after: until_next_on_demand(&reads, now),
+                        }
+                    } else {
+                        OnDemand::TooSoon
+                    };
                 }
                 None => {
                     reads.on_demand = Some(now);
@@ -196,19 +206,9 @@ impl KeySource {
         match wait(flight).await {
             Read::Done => OnDemand::Read,
             Read::Failed => OnDemand::Failed {
-                retry_after: self.next_on_demand(Instant::now()),
+                retry_after: until_next_on_demand(&self.lock(), Instant::now()),
             },
         }
-    }
-
-    /// How long until a read for an unknown `kid` may be made again, rounded up to whole
-    /// seconds and at least 1: a client that retries sooner would be refused.
-    fn next_on_demand(&self, now: Instant) -> Duration {
-        let left = self.lock().on_demand.map_or(Duration::ZERO, |last| {
-            ON_DEMAND_EVERY.saturating_sub(now.saturating_duration_since(last))
-        });
-        let whole = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        Duration::from_secs(whole.max(1))
     }
 
     /// Starts a read on a task of its own, as the one flight of `reads`.
@@ -229,7 +229,10 @@ impl KeySource {
                     Read::Failed
                 }
             };
-            source.lock().flight = None;
+            let mut reads = source.lock();
+            reads.flight = None;
+            reads.failed = read == Read::Failed;
+            drop(reads);
             let _ = told.send(Some(read));
         });
         flight
@@ -256,6 +259,16 @@ impl KeySource {
     fn lock(&self) -> std::sync::MutexGuard<'_, Reads> {
         self.reads.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// How long until a read for an unknown `kid` may be made again, rounded up to whole
+/// seconds and at least 1: a client that retries sooner would find no read to wait on.
+fn until_next_on_demand(reads: &Reads, now: Instant) -> Duration {
+    let left = reads.on_demand.map_or(Duration::ZERO, |last| {
+        ON_DEMAND_EVERY.saturating_sub(now.saturating_duration_since(last))
+    });
+    let whole = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    Duration::from_secs(whole.max(1))
 }
 
 /// How the read `flight` tells of ended; one whose task ended without telling (it
@@ -365,9 +378,16 @@ mod tests {
             "answered when the read timed out"
         );
         assert_eq!((idp.reads(), failures.get()), (1, 1));
-        // Too soon for another read: the set is as it was, nothing is read.
+        // Too soon for another read: nothing is read, and since the last read failed the
+        // kid may exist: told when the next read may be made, not that it is unknown.
         idp.answer(Answer::Jwks);
-        assert_eq!(source.on_unknown_kid().await, OnDemand::TooSoon);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            source.on_unknown_kid().await,
+            OnDemand::Failed {
+                retry_after: Duration::from_secs(20)
+            }
+        );
         assert_eq!(idp.reads(), 1);
         assert!(source.current().find("a").is_none());
         // Past ON_DEMAND_EVERY, a read is made and its keys are in force.
@@ -375,6 +395,9 @@ mod tests {
         assert_eq!(source.on_unknown_kid().await, OnDemand::Read);
         assert_eq!(idp.reads(), 2);
         assert!(source.current().find("a").is_some());
+        // After a good read, an unknown kid too soon after it is simply unknown.
+        assert_eq!(source.on_unknown_kid().await, OnDemand::TooSoon);
+        assert_eq!(idp.reads(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -495,7 +495,8 @@ async fn an_unknown_kid_waits_for_one_bounded_refresh_and_a_known_kid_never_wait
         "one read at start, one refresh for all five"
     );
 
-    // Too soon for another read: an unknown kid is refused at once, nothing is read.
+    // Too soon for another read, and the last one failed: the kid may exist, so it is
+    // answered at once with when the next read may be made, and nothing is read.
     let other = SigningKey::ec("rotated-later");
     let r = post(
         &client,
@@ -503,13 +504,18 @@ async fn an_unknown_kid_waits_for_one_bounded_refresh_and_a_known_kid_never_wait
         &bearer(&other.sign(&claims(ISS, "alice", 9))),
     )
     .await;
-    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
-    assert_eq!(r.problem(), "invalid-credentials");
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.problem(), "principal-unavailable");
+    let retry_after: u64 = r.headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
     assert_eq!(idp.requests(), 2);
     assert_eq!(up.count(), 1, "only the known kid was forwarded");
     let metrics = &proxy.state.metrics;
-    assert_eq!(metrics.requests(Outcome::PrincipalUnavailable), 5);
-    assert_eq!(metrics.requests(Outcome::InvalidCredentials), 1);
+    assert_eq!(metrics.requests(Outcome::PrincipalUnavailable), 6);
     assert!(
         metrics
             .render()
