@@ -20,7 +20,7 @@ use super::values::Choice;
 use super::{Config, ErrorsConfig, StoreConfig, StoreKind, Workers};
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{KeySource, display_name};
-use crate::principal::{JwtKeys, ScopePrincipal};
+use crate::principal::{BasicPrincipal, JwtKeys, ScopePrincipal};
 
 pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
@@ -76,8 +76,45 @@ pub(super) fn to_yaml(config: &Config) -> String {
         "{}{}{}{yaml}",
         masked_notice(config),
         streaming_notice(config),
-        super::scope_principal::basic_notice(config)
+        basic_notice(config)
     )
+}
+
+/// The comment that says what a Basic principal is made of in each policy that has one
+/// (docs/behaviour.md §25): the user name and a hash of the password, or the user name
+/// alone where `replay_authorization` checks the password. A route is named when its
+/// `scope_principal` differs from `idempotency`'s, as it is printed then.
+fn basic_notice(config: &Config) -> String {
+    let base = &config.idempotency.scope_principal;
+    let sections = std::iter::once(("idempotency".to_owned(), base)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy.scope_principal))
+            .filter(|(_, own)| *own != base),
+    );
+    let mut notice = String::new();
+    for (section, source) in sections {
+        let Some(ScopePrincipal::Basic(made_of)) = source else {
+            continue;
+        };
+        let (what, why) = match made_of {
+            BasicPrincipal::UserAndPassword => (
+                "the user name and a SHA-256 of the password",
+                "no replay_authorization checks the password before a replay; a new \
+                 password is a new scope",
+            ),
+            BasicPrincipal::UserAlone => (
+                "the user name alone",
+                "replay_authorization checks the password before any replay",
+            ),
+        };
+        notice.push_str(&format!(
+            "# {section}: scope_principal basic: the principal is {what}\n#   ({why}).\n"
+        ));
+    }
+    notice
 }
 
 /// The comment that says which policies stream only some bodies

@@ -14,9 +14,9 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use serde_yaml::{Mapping, Value};
 
+use super::MASK;
 use super::render::{duration, header_name};
 use super::values::{Dur, Flag, Header, Raw, Text};
-use super::{Config, MASK};
 use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
 
 /// `scope_principal` as written: exactly one of its three sources.
@@ -177,43 +177,6 @@ impl<'de> Deserialize<'de> for SecretText {
         }
         Ok(SecretText(Secret::new(text.into_bytes())))
     }
-}
-
-/// The comment that says what a Basic principal is made of in each policy that has one
-/// (docs/behaviour.md §25): the user name and a hash of the password, or the user name
-/// alone where `replay_authorization` checks the password. A route is named when its
-/// `scope_principal` differs from `idempotency`'s, as it is printed then.
-pub(super) fn basic_notice(config: &Config) -> String {
-    let base = &config.idempotency.scope_principal;
-    let sections = std::iter::once(("idempotency".to_owned(), base)).chain(
-        config
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(i, route)| (format!("routes[{i}]"), &route.policy.scope_principal))
-            .filter(|(_, own)| *own != base),
-    );
-    let mut notice = String::new();
-    for (section, source) in sections {
-        let Some(ScopePrincipal::Basic(made_of)) = source else {
-            continue;
-        };
-        let (what, why) = match made_of {
-            BasicPrincipal::UserAndPassword => (
-                "the user name and a SHA-256 of the password",
-                "no replay_authorization checks the password before a replay; a new \
-                 password is a new scope",
-            ),
-            BasicPrincipal::UserAlone => (
-                "the user name alone",
-                "replay_authorization checks the password before any replay",
-            ),
-        };
-        notice.push_str(&format!(
-            "# {section}: scope_principal basic: the principal is {what}\n#   ({why}).\n"
-        ));
-    }
-    notice
 }
 
 /// `scope_principal` for `--check`: `null` when unset, the secret as `***`.
