@@ -127,6 +127,14 @@ async fn each_worker_serves_on_its_own_thread_with_its_own_upstream_connections(
             "no thread for worker {i}: {names:?}"
         );
     }
+    // The start-up line is read from the child's pipe by a task of its own: wait for it
+    // (at most 10 s) rather than assume it has been read already.
+    for _ in 0..1000 {
+        if running.stderr().contains("workers=4") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     assert!(
         running.stderr().contains("workers=4"),
         "{}",
