@@ -461,8 +461,8 @@ fn undecryptable<S: Store>(proxy: &Proxy<S>) -> u64 {
 /// A change made at rest to one field a sealed record keeps in clear.
 type Alteration = fn(&mut Completed, &Completed);
 
-/// Every field a sealed record keeps in clear is bound to its seal (docs/behaviour.md
-/// §25). Altered at rest in a real redis-server, one field at a time (with the record's
+/// Every field a sealed record keeps in clear is bound to its seal
+/// (docs/behaviour.md §25). Altered at rest in a real redis-server, one field at a time (with the record's
 /// expiry kept), the record does not open: its retry is `503 store-unavailable`, counted
 /// as undecryptable, never a replay (neither to the original body nor to the one the
 /// altered fingerprint names), never an execution, and the operator cannot resolve it.

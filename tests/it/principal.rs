@@ -414,8 +414,8 @@ async fn a_jwks_url_is_read_over_https_rotated_and_kept_through_a_failed_refresh
     }
 }
 
-/// A JWKS refresh is single-flight and bounded by `jwks_timeout` (docs/behaviour.md
-/// §25): against an identity provider that hangs, the requests whose `kid` is unknown
+/// A JWKS refresh is single-flight and bounded by `jwks_timeout`
+/// (docs/behaviour.md §25): against an identity provider that hangs, the requests whose `kid` is unknown
 /// all wait on one read, and are answered `503 principal-unavailable` with `Retry-After`
 /// when it times out (they used to queue behind a read bounded by `upstream.timeout`,
 /// 30 s, and then one read each); a known `kid` never waits; and until another read is
