@@ -334,19 +334,19 @@ async fn the_binary_never_logs_keys_and_names_a_record_that_does_not_decrypt() {
     }
 }
 
-/// The README's "Encryption at rest", run as written: its `openssl` command makes the
+/// "Encryption at rest" of docs/stores.md, run as written: its `openssl` command makes the
 /// keys, its YAML is the configuration, and its three rotation steps are followed with
 /// the real binary on a file store.
 #[tokio::test]
 async fn the_readme_section_runs_as_written() {
     use support::bin::{Running, TempConfig};
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
-    let section = readme
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/stores.md"))
+        .expect("docs/stores.md");
+    let section = doc
         .split("\n## Encryption at rest\n")
         .nth(1)
         .and_then(|rest| rest.split("\n## ").next())
-        .expect("the README has the section");
+        .expect("docs/stores.md has the section");
     let block = |lang: &str| {
         section
             .split(&format!("```{lang}\n"))
@@ -366,7 +366,7 @@ async fn the_readme_section_runs_as_written() {
         yaml.contains(&format!("${{{var}}}")),
         "the YAML reads {var}"
     );
-    // Two keys made by the README's command, as two rotations would.
+    // Two keys made by the doc's command, as two rotations would.
     let key = || {
         let out = std::process::Command::new("bash")
             .arg("-c")

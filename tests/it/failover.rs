@@ -9,8 +9,8 @@
 //!
 //! With `min_replicas: 1` no key may execute twice. With `min_replicas: 0` the keys whose
 //! claim the master acknowledged but the replica never got execute again: that is the
-//! window README "What a failover can lose" documents, with the figures these tests
-//! print (`cargo nextest run --test failover --no-capture`).
+//! window docs/stores.md "What a failover can lose" documents, with the figures these
+//! tests print (`cargo nextest run --test failover --no-capture`).
 
 use crate::support;
 
@@ -193,7 +193,7 @@ async fn failover_under_load(min_replicas: u32) -> Figures {
     }
 }
 
-/// The figures go into README "What a failover can lose".
+/// The figures go into docs/stores.md "What a failover can lose".
 #[allow(clippy::print_stderr)]
 fn report(min_replicas: u32, figures: &Figures) {
     let Figures {

@@ -29,11 +29,16 @@ fn read(rel: &str) -> String {
 /// port) answers on `/metrics` to a client that sends `accept`, or none. The process is
 /// stopped with SIGTERM before this returns.
 async fn scrape(accept: Option<&str>) -> String {
+    scrape_with("", accept).await
+}
+
+/// [`scrape`], with `extra` (top-level YAML, such as a `store` section) in its config.
+async fn scrape_with(extra: &str, accept: Option<&str>) -> String {
     const ATTEMPTS: usize = 5;
     for _ in 0..ATTEMPTS {
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let file = TempConfig::new(&format!(
-            "upstream:\n  url: http://127.0.0.1:9\nadmin:\n  listen: {admin}\n"
+            "upstream:\n  url: http://127.0.0.1:9\nadmin:\n  listen: {admin}\n{extra}"
         ));
         let config = file.path().to_str().expect("utf-8 path");
         let mut running = Running::start(&["--config", config]).await;
@@ -324,4 +329,91 @@ fn the_query_readers_find_names_and_label_values() {
     assert_eq!(matched_values(expr, "outcome"), ["a", "b"]);
     assert_eq!(matched_values(expr, "op"), ["claim"]);
     assert!(matched_values("sum by (outcome) (x)", "outcome").is_empty());
+}
+
+/// The metric families of an exposition in the text format 0.0.4, as (name, type):
+/// counters under their `_total` name.
+fn families(text: &str) -> BTreeSet<(String, String)> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .map(|(name, kind)| (name.to_owned(), kind.trim().to_owned()))
+        .collect()
+}
+
+/// The code spans of a Markdown table cell or list item, in order.
+fn code_spans(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// docs/metrics.md is the reference of `/metrics`: its table lists every family a running
+/// idemgate exports (memory and file store), with its type, and nothing else; its
+/// "Values of `outcome`" lists every value of `outcome`, and its table every value of
+/// `op`, that idemgate exports.
+#[tokio::test]
+async fn docs_metrics_lists_every_exported_family_and_label_value() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file_store = format!(
+        "store:\n  kind: file\n  path: {}\n",
+        dir.path().join("store").display()
+    );
+    let memory = scrape(None).await;
+    let file = scrape_with(&file_store, None).await;
+    let exported: BTreeSet<(String, String)> =
+        families(&memory).union(&families(&file)).cloned().collect();
+    let labels = Exported::parse(&format!("{memory}\n{file}")).labels;
+
+    let doc = read("docs/metrics.md");
+    let mut documented = BTreeSet::new();
+    let mut ops = Vec::new();
+    for line in doc.lines().filter(|line| line.starts_with("| `idemgate_")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let names = code_spans(cells[1]);
+        let kinds: Vec<&str> = cells[2].split(", ").collect();
+        assert_eq!(names.len(), kinds.len(), "docs/metrics.md: {line}");
+        for (name, kind) in names.into_iter().zip(kinds) {
+            documented.insert((name, kind.to_owned()));
+        }
+        if let Some(values) = cells[3].strip_prefix("`op` = ") {
+            ops = code_spans(values);
+        }
+    }
+    assert_eq!(
+        documented.difference(&exported).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "docs/metrics.md lists families idemgate does not export (or with another type)"
+    );
+    assert_eq!(
+        exported.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&(String, String)>::new(),
+        "idemgate exports families docs/metrics.md does not list"
+    );
+    let op_values: BTreeSet<String> = ops.into_iter().collect();
+    assert_eq!(
+        Some(&op_values),
+        labels.get("op"),
+        "docs/metrics.md: the values of `op`"
+    );
+
+    // Each bullet of "Values of `outcome`" names values before its first "`:".
+    let start = doc
+        .find("Values of `outcome`")
+        .expect("a list of outcome values");
+    let end = doc[start..]
+        .find("\n## ")
+        .map_or(doc.len(), |end| start + end);
+    let mut outcomes = BTreeSet::new();
+    for item in doc[start..end].split("\n- ").skip(1) {
+        let head = &item[..item.find("`:").map_or(0, |at| at + 1)];
+        outcomes.extend(code_spans(head));
+    }
+    assert_eq!(
+        Some(&outcomes),
+        labels.get("outcome"),
+        "docs/metrics.md: the values of `outcome`"
+    );
 }

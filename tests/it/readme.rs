@@ -1,13 +1,83 @@
-//! Facts the README states that the repository can check, so that they cannot go stale:
-//! the Rust version it asks for, no citation of a document the repository does not
-//! hold, citations of `docs/behaviour.md` that land on one of its sections, and a table
-//! of contents that matches its headings.
+//! Facts README.md and the reference in docs/ state that the repository can check, so
+//! that they cannot go stale: the Rust version the README asks for, no citation of a
+//! document the repository does not hold, citations of `docs/behaviour.md` that land on
+//! one of its sections, a README short enough to read and a table of contents that
+//! matches its headings. Its submodules check the links of every document (`links.rs`),
+//! the configuration reference against the keys `--check` prints (`configuration.rs`),
+//! the errors reference against the status tables (`errors.rs`), and the code map
+//! against `src/` (`code_map.rs`). The metrics reference is checked against a running
+//! idemgate's `/metrics` by `tests/it/monitoring.rs`.
+
+mod code_map;
+mod configuration;
+mod errors;
+mod links;
 
 use std::path::{Path, PathBuf};
 
 fn read(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The documents a reader opens first: README.md and every `docs/*.md`, as (path
+/// relative to the root, text), README.md first.
+fn documents() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").file_name())
+        .filter_map(|name| name.to_str().map(str::to_owned))
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    names.sort();
+    names.insert(0, "README.md".to_owned());
+    names
+        .into_iter()
+        .map(|name| {
+            let text = read(&name);
+            (name, text)
+        })
+        .collect()
+}
+
+/// `text` split in two of the same length and the same lines: its prose, with the code
+/// (fenced blocks, code spans) blanked out, and its code, with the prose blanked out.
+/// A link or a URL in code is an example, not a link.
+fn split_code(text: &str) -> (String, String) {
+    let (mut prose, mut code) = (String::new(), String::new());
+    let (mut in_fence, mut in_span) = (false, false);
+    for line in text.split_inclusive('\n') {
+        let fence = line.trim_start().starts_with("```");
+        if fence || in_fence {
+            in_fence ^= fence;
+            code.push_str(line);
+            prose.extend(line.chars().map(|c| if c == '\n' { c } else { ' ' }));
+            continue;
+        }
+        if line.trim().is_empty() {
+            in_span = false; // a code span never crosses a paragraph
+        }
+        for c in line.chars() {
+            if c == '`' {
+                in_span = !in_span;
+            }
+            let (kept, blank) = if in_span || c == '`' {
+                (&mut code, &mut prose)
+            } else {
+                (&mut prose, &mut code)
+            };
+            kept.push(c);
+            blank.push(if c == '\n' { c } else { ' ' });
+        }
+    }
+    (prose, code)
+}
+
+/// The line number (from 1) of byte `at` of `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text[..at].matches('\n').count() + 1
 }
 
 #[test]
@@ -35,6 +105,18 @@ fn the_rust_version_the_readme_asks_for_is_the_one_cargo_needs() {
             "README asks for Rust {version}, Cargo.toml needs {needed}"
         );
     }
+}
+
+/// The README says what idemgate guarantees, how to start, the concepts and where the
+/// reference is; the reference itself lives in docs/, so the README stays short enough
+/// to be read through.
+#[test]
+fn the_readme_stays_within_700_lines() {
+    let lines = read("README.md").lines().count();
+    assert!(
+        lines <= 700,
+        "README.md has {lines} lines: move reference material to docs/"
+    );
 }
 
 /// The contract the code is written to, in the repository (see its introduction).
@@ -170,13 +252,13 @@ fn every_behaviour_citation_names_a_section_that_exists() {
     );
 }
 
-/// The README's headings outside code blocks, as (level, title, GitHub anchor), in order.
-fn headings(readme: &str) -> Vec<(usize, String, String)> {
+/// A document's headings outside code blocks, as (level, title, GitHub anchor), in order.
+fn headings(text: &str) -> Vec<(usize, String, String)> {
     let mut in_code = false;
     let mut seen: Vec<String> = Vec::new();
     let mut out = Vec::new();
-    for line in readme.lines() {
-        if line.starts_with("```") {
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
             in_code = !in_code;
             continue;
         }
@@ -215,10 +297,10 @@ fn anchor(title: &str) -> String {
 }
 
 /// The table of contents after the introduction lists every section and subsection in
-/// order, and each of its links, like every `(#...)` link of the README, lands on a
-/// heading.
+/// order. (That each of its links, like every link of every document, lands on a
+/// heading is `links.rs`'s.)
 #[test]
-fn the_table_of_contents_lists_every_section_and_every_link_lands() {
+fn the_table_of_contents_lists_every_section() {
     let readme = read("README.md");
     let all = headings(&readme);
     let start = readme
@@ -242,17 +324,4 @@ fn the_table_of_contents_lists_every_section_and_every_link_lands() {
         .cloned()
         .collect();
     assert_eq!(listed, expected, "the contents and the headings differ");
-
-    let anchors: Vec<&str> = all.iter().map(|(_, _, a)| a.as_str()).collect();
-    for (n, line) in readme.lines().enumerate() {
-        for (at, _) in line.match_indices("](#") {
-            let link = &line[at + 3..];
-            let link = &link[..link.find(')').unwrap_or(link.len())];
-            assert!(
-                anchors.contains(&link),
-                "README.md:{}: #{link} is no heading's anchor",
-                n + 1
-            );
-        }
-    }
 }

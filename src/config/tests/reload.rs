@@ -1,5 +1,5 @@
-//! Every key has a reload class (docs/behaviour.md §14), and the README's reload table
-//! says what [`RELOAD`] declares.
+//! Every key has a reload class (docs/behaviour.md §14), and the reload table of
+//! docs/operations.md says what [`RELOAD`] declares.
 
 use std::collections::BTreeSet;
 
@@ -47,10 +47,10 @@ fn every_key_of_the_annotated_config_has_a_reload_class() {
     }
 }
 
-/// The keys in backticks of the README reload table's row whose second cell starts
-/// with `outcome`.
+/// The keys in backticks of the row of the docs/operations.md reload table whose second
+/// cell starts with `outcome`.
 fn readme_row(outcome: &str) -> BTreeSet<String> {
-    let readme = repo_file("README.md");
+    let readme = repo_file("docs/operations.md");
     let (_, section) = readme
         .split_once("### Reloading the configuration (SIGHUP)")
         .unwrap();
@@ -60,7 +60,7 @@ fn readme_row(outcome: &str) -> BTreeSet<String> {
         .take_while(|line| line.starts_with('|'))
         .map(|line| line.split('|').map(str::trim).collect::<Vec<_>>())
         .find(|cells| cells.get(2).is_some_and(|cell| cell.starts_with(outcome)))
-        .unwrap_or_else(|| panic!("README: no reload row '{outcome}'"));
+        .unwrap_or_else(|| panic!("docs/operations.md: no reload row '{outcome}'"));
     row[1]
         .split('`')
         .skip(1)
