@@ -323,7 +323,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
         StoreKind::Memory => {
             let store = MemoryStore::new(config.store.max_entries)
                 .with_scope_quota(config.store.max_entries_per_scope);
-            run_with(listeners, config, store, (reload, hangups)).await
+            run_with(listeners, config, Arc::new(store), (reload, hangups)).await
         }
         StoreKind::File => {
             let store = FileStore::open(&FileOptions::from_config(&config.store))?;
@@ -333,7 +333,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 entries = store.len(),
                 "file store open"
             );
-            run_with(listeners, config, store, (reload, hangups)).await
+            run_with(listeners, config, Arc::new(store), (reload, hangups)).await
         }
         StoreKind::Redis => {
             let mut store = RedisStore::for_workers(&config.store, config.workers.resolve())
@@ -354,7 +354,7 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
 async fn run_with<S: Store>(
     listeners: Vec<tokio::net::TcpListener>,
     config: Arc<Config>,
-    store: S,
+    store: Arc<S>,
     (reload, hangups): (Option<Reload>, Hangups),
 ) -> Result<Shutdown, CliError> {
     tracing::info!(

@@ -52,7 +52,7 @@ pub(crate) async fn run(records: u64) -> Result<bool, BoxError> {
         let started = Instant::now();
         let store = FileStore::open(&options)?;
         let took = started.elapsed();
-        let held = store.len();
+        let held = store.len() as u64;
         drop(store);
         println!(
             "open {round} of 3: {:.2} s, {held} entries",

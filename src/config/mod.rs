@@ -44,6 +44,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::idempotency::decide::{OnConcurrent, OnUnknownOutcome};
 pub use crate::idempotency::path::EscapedSlashes;
 pub use encryption::EncryptionKey;
 pub use policy::Policy;
@@ -146,18 +147,6 @@ pub struct StoreConfig {
     /// Memory and file stores: completed records one scope may hold; past it the
     /// scope's own oldest is evicted (docs/behaviour.md §17). `None`: no quota.
     pub max_entries_per_scope: Option<usize>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnConcurrent {
-    Reject,
-    Wait,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnUnknownOutcome {
-    Record,
-    Release,
 }
 
 #[derive(Debug, Clone, PartialEq)]

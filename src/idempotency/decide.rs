@@ -17,7 +17,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Completed, Fingerprint, InFlight, OwnerToken, Record};
-use crate::config::{OnConcurrent, OnUnknownOutcome};
+
+/// `on_concurrent` (docs/behaviour.md §4): what a duplicate does while the request that
+/// holds its key is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnConcurrent {
+    /// `409 in-flight` at once, with `Retry-After`.
+    Reject,
+    /// Block until the owner records or releases, then replay (or take the claim over);
+    /// `409` after `wait_timeout`.
+    Wait,
+}
+
+/// `on_unknown_outcome` (docs/behaviour.md §4): what becomes of a request whose outcome
+/// is unknown (the upstream timed out or reset after it was sent, or the owner's lease
+/// ended without an outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnknownOutcome {
+    /// Record the problem `outcome-unknown` as the outcome: retries replay it, and the
+    /// request, which may have run, is not run again.
+    Record,
+    /// Release the claim: a retry executes again.
+    Release,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -405,5 +429,30 @@ mod tests {
                 retry_after: Duration::from_secs(1)
             }
         );
+    }
+
+    /// The serde names are the configuration's words (docs/behaviour.md §6), both ways.
+    #[test]
+    fn the_policy_enums_are_named_as_the_configuration_spells_them() {
+        let names = [
+            ("\"reject\"", OnConcurrent::Reject),
+            ("\"wait\"", OnConcurrent::Wait),
+        ];
+        for (name, value) in names {
+            assert_eq!(serde_json::from_str::<OnConcurrent>(name).ok(), Some(value));
+            assert_eq!(serde_json::to_string(&value).ok().as_deref(), Some(name));
+        }
+        let names = [
+            ("\"record\"", OnUnknownOutcome::Record),
+            ("\"release\"", OnUnknownOutcome::Release),
+        ];
+        for (name, value) in names {
+            assert_eq!(
+                serde_json::from_str::<OnUnknownOutcome>(name).ok(),
+                Some(value)
+            );
+            assert_eq!(serde_json::to_string(&value).ok().as_deref(), Some(name));
+        }
+        assert!(serde_json::from_str::<OnConcurrent>("\"Wait\"").is_err());
     }
 }

@@ -13,7 +13,10 @@ pub mod pointer;
 pub mod record;
 pub mod source;
 
-pub use decide::{AfterTakeOver, Decision, Rejection, compared, decide, retry_after};
+pub use decide::{
+    AfterTakeOver, Decision, OnConcurrent, OnUnknownOutcome, Rejection, compared, decide,
+    retry_after,
+};
 pub use fingerprint::{Fingerprint, StreamedHash};
 pub use key::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 pub use record::{

@@ -31,11 +31,11 @@ use super::reply::{
 use super::state::{AppState, Live, PolicyId};
 use super::upload::{Ending, Upload};
 use super::upstream::{self, Failure, upstream_request};
-use crate::config::{OnUnknownOutcome, Policy};
+use crate::config::Policy;
 use crate::error::ProxyError;
 use crate::failpoint;
 use crate::idempotency::{
-    Completed, Fingerprint, IdempotencyKey, Kept, ScopedKey, StoredBody, Streamed,
+    Completed, Fingerprint, IdempotencyKey, Kept, OnUnknownOutcome, ScopedKey, StoredBody, Streamed,
 };
 use crate::metrics::{Outcome, Reconciled};
 use crate::store::{Lease, Store};

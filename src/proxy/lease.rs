@@ -268,7 +268,10 @@ mod tests {
 
     fn state() -> Arc<AppState<MemoryStore>> {
         let config = Config::from_yaml_str("", &|_| None).expect("empty config is valid");
-        Arc::new(AppState::new(Arc::new(config), MemoryStore::new(16)))
+        Arc::new(AppState::new(
+            Arc::new(config),
+            Arc::new(MemoryStore::new(16)),
+        ))
     }
 
     fn lease() -> Lease {
@@ -330,8 +333,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_job_that_keeps_failing_backs_off_and_gives_up_before_its_deadline() {
         let config = Config::from_yaml_str("", &|_| None).expect("empty config is valid");
-        let store = crate::store::Layered::new(MemoryStore::new(16), Down);
-        let state = Arc::new(AppState::new(Arc::new(config), store));
+        let store = crate::store::Layered::new(Arc::new(MemoryStore::new(16)), Down);
+        let state = Arc::new(AppState::new(Arc::new(config), Arc::new(store)));
         let started = Instant::now();
         let give_up = started + Duration::from_secs(3);
         in_background(&state, record_job(), give_up);

@@ -193,12 +193,14 @@ pub struct AppState<S> {
 }
 
 impl<S: Store> AppState<S> {
-    pub fn new(config: Arc<Config>, store: S) -> Self {
+    /// Serves from `store`, which others may share (the start-up check of Redis, a test
+    /// that looks into the store).
+    pub fn new(config: Arc<Config>, store: Arc<S>) -> Self {
         Self::with_metrics(config, store, Metrics::new())
     }
 
     /// With metrics of the caller's making, e.g. [`Metrics::observable`] in tests.
-    pub fn with_metrics(config: Arc<Config>, store: S, mut metrics: Metrics) -> Self {
+    pub fn with_metrics(config: Arc<Config>, store: Arc<S>, mut metrics: Metrics) -> Self {
         let live = ArcSwap::from_pointee(Live::new(
             Arc::clone(&config),
             (&metrics.jwks_refresh_failures(), &metrics.span_drops()),

@@ -1,7 +1,7 @@
 //! The embedded stores' notion of "now" (docs/behaviour.md §5): injectable, so that
 //! tests drive expiry with tokio's paused clock. Shared by the memory and file stores.
 
-use super::millis;
+use super::api::millis;
 
 /// The store's notion of "now", injectable so tests control time.
 pub trait Clock: Send + Sync + 'static {

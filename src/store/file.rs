@@ -1,7 +1,8 @@
 //! The durable embedded store (docs/behaviour.md §12): one process, no Redis, keys that
-//! survive a restart and a `kill -9`. It is the memory store's shards (the per-key rules
-//! of `rules.rs`, the same code) whose every change is also appended to a journal on
-//! disk: see the README for why a journal rather than redb or fjall.
+//! survive a restart and a `kill -9`. It is the memory store's code ([`Embedded`]: its
+//! shards, the per-key rules of `rules.rs`) backed by a [`Disk`], whose journal every
+//! change is also appended to: see the README for why a journal rather than redb or
+//! fjall.
 //!
 //! - Every change is encoded under its key's shard lock and queued (`queue.rs`); one
 //!   writer thread (`writer.rs`) appends what is queued with one write and, with
@@ -33,17 +34,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use super::api::StoreError;
 use super::clock::{Clock, TokioClock};
-use super::memory::MemoryWatch;
-use super::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, MemoryStore, Purged, Replaced, Store,
-    StoreError,
-};
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use super::memory::{AllShards, Backing, Core, Embedded, MemoryWatch};
+use crate::idempotency::Record;
 pub use journal::dir::{LOCK_FILE, OpenError, check_path};
 use journal::{Entry, Journal};
 pub use journal::{FORMAT, FORMAT_AT, HEADER_LEN, JOURNAL_FILE};
-pub use queue::Journaled;
 use queue::Queue;
 use writer::Writer;
 
@@ -118,10 +115,14 @@ pub(super) struct Health {
     failing: AtomicBool,
 }
 
-/// The file store. Dropping it stops the writer once it has written what is queued.
+/// The file store: the embedded store's shards, backed by a journal on disk.
+pub type FileStore<C = TokioClock> = Embedded<C, Disk>;
+
+/// The file store's backing: the journal's queue, the writer thread that appends it, and
+/// what `/readyz` and `/metrics` report of them. Dropping it stops the writer once it has
+/// written what is queued.
 #[derive(Debug)]
-pub struct FileStore<C: Clock = TokioClock> {
-    core: Arc<MemoryStore<C, Journaled>>,
+pub struct Disk {
     queue: Arc<Queue>,
     writer: Option<std::thread::JoinHandle<()>>,
     health: Arc<Health>,
@@ -139,7 +140,7 @@ impl FileStore<TokioClock> {
 
 /// Loads one journal entry into the locked shards; a record that does not decode is
 /// reported (a checksummed frame held it: the store is not one this version reads).
-fn load(shards: &mut super::memory::AllShards<'_>, entry: Entry<'_>) -> Result<(), String> {
+fn load(shards: &mut AllShards<'_>, entry: Entry<'_>) -> Result<(), String> {
     match entry {
         Entry::Put {
             key,
@@ -161,13 +162,10 @@ impl<C: Clock + Clone> FileStore<C> {
     pub fn open_with_clock(options: &FileOptions, clock: C) -> Result<Self, OpenError> {
         let metrics = FileMetrics::new();
         let queue = Queue::new(0, !options.fsync);
-        let core = Arc::new(
-            MemoryStore::durable(
-                options.max_entries,
-                clock.clone(),
-                Journaled(Arc::clone(&queue)),
-            )
-            .with_scope_quota(options.max_entries_per_scope),
+        let core = Core::new(
+            options.max_entries,
+            clock.clone(),
+            options.max_entries_per_scope,
         );
         let mut undecodable = None;
         let journal = {
@@ -190,7 +188,7 @@ impl<C: Clock + Clone> FileStore<C> {
         let health = Arc::new(Health::default());
         health.alive.store(true, Ordering::Relaxed);
         let writer = Writer::new(
-            Arc::clone(&core),
+            core.clone(),
             journal,
             Arc::clone(&queue),
             metrics.clone(),
@@ -206,42 +204,30 @@ impl<C: Clock + Clone> FileStore<C> {
         tokio::spawn(tick(Arc::downgrade(&queue), clock));
         Ok(Self {
             core,
-            queue,
-            writer: Some(writer),
-            health,
-            metrics,
-            path: options.path.clone(),
+            backing: Disk {
+                queue,
+                writer: Some(writer),
+                health,
+                metrics,
+                path: options.path.clone(),
+            },
         })
     }
 }
 
 impl<C: Clock> FileStore<C> {
-    /// Entries held, expired ones not yet removed included.
-    pub fn len(&self) -> u64 {
-        self.core.len() as u64
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Live records evicted early because the store was full.
-    pub fn evictions(&self) -> u64 {
-        self.core.evictions()
-    }
-
     /// Writes to the journal so far (each one flush with `fsync`).
     pub fn flushes(&self) -> u64 {
-        self.metrics.flushes.get()
+        self.backing.metrics.flushes.get()
     }
 
     /// The directory the store lives in.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.backing.path
     }
 }
 
-impl<C: Clock> Drop for FileStore<C> {
+impl Drop for Disk {
     fn drop(&mut self) {
         self.queue.close();
         if let Some(writer) = self.writer.take() {
@@ -267,66 +253,17 @@ async fn tick<C: Clock>(queue: Weak<Queue>, clock: C) {
 /// A registered wake-up for one key of the file store.
 pub type FileWatch = MemoryWatch;
 
-impl<C: Clock> Store for FileStore<C> {
-    type Watch = FileWatch;
+impl Backing for Disk {
+    type Durability = Queue;
+    const KIND: &'static str = "file";
 
-    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        self.core.claim(req).await
-    }
-
-    async fn complete(
-        &self,
-        lease: &Lease,
-        record: Arc<Completed>,
-        ttl: Duration,
-    ) -> Result<Fenced, StoreError> {
-        self.core.complete(lease, record, ttl).await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
-        self.core.release(lease).await
-    }
-
-    async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
-        self.core.renew(lease, lease_for).await
-    }
-
-    async fn take_over(
-        &self,
-        stale: OwnerToken,
-        req: ClaimRequest,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.core.take_over(stale, req).await
-    }
-
-    async fn watch(&self, key: ScopedKey) -> Result<FileWatch, StoreError> {
-        self.core.watch(key).await
-    }
-
-    fn clock_ms(&self) -> u64 {
-        self.core.clock_ms()
-    }
-
-    async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
-        self.core.inspect(key).await
-    }
-
-    async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
-        self.core.purge(key, force).await
-    }
-
-    async fn replace(
-        &self,
-        key: ScopedKey,
-        expected: &Record,
-        new: Option<Arc<Completed>>,
-    ) -> Result<Replaced, StoreError> {
-        self.core.replace(key, expected, new).await
+    fn durability(&self) -> &Queue {
+        &self.queue
     }
 
     /// Ready while the writer runs and no write has failed since the last one that
     /// succeeded.
-    async fn ping(&self) -> Result<(), StoreError> {
+    fn ping(&self) -> Result<(), StoreError> {
         if !self.health.alive.load(Ordering::Relaxed) {
             return Err(unavailable(
                 "the file store's writer has stopped".to_owned(),
@@ -341,7 +278,6 @@ impl<C: Clock> Store for FileStore<C> {
     }
 
     fn register_metrics(&self, registry: &mut Registry) {
-        self.core.register_shared_metrics(registry, "file");
         let m = &self.metrics;
         registry.register(
             "idemgate_store_expired",

@@ -16,7 +16,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StoreError, millis};
+use super::api::{
+    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StoreError, millis,
+};
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
 use eviction::EvictionOrder;

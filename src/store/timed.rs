@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use opentelemetry::trace::SpanKind;
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
+use super::api::{
+    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError,
+};
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
 
@@ -28,12 +30,14 @@ pub trait Around: Send + Sync + 'static {
 /// A store whose every call goes through `around`.
 #[derive(Debug)]
 pub struct Layered<S, A> {
-    inner: S,
+    /// Shared: whoever else holds it (the start-up check of Redis, a test looking into
+    /// the store) sees what the calls through the layer did.
+    inner: Arc<S>,
     around: A,
 }
 
 impl<S: Store, A: Around> Layered<S, A> {
-    pub fn new(inner: S, around: A) -> Self {
+    pub fn new(inner: Arc<S>, around: A) -> Self {
         Self { inner, around }
     }
 }
@@ -186,7 +190,7 @@ mod tests {
     #[derive(Debug)]
     struct NoWatch;
 
-    impl super::super::Watch for NoWatch {
+    impl crate::store::Watch for NoWatch {
         async fn changed(self) {}
     }
 
@@ -242,7 +246,10 @@ mod tests {
     async fn a_call_that_does_not_answer_times_out_and_is_observed() {
         let metrics = Metrics::new();
         let limit = Duration::from_millis(250);
-        let store = Timed::new(Hanging, Deadline::new(limit, metrics.store_timings()));
+        let store = Timed::new(
+            Arc::new(Hanging),
+            Deadline::new(limit, metrics.store_timings()),
+        );
         let started = tokio::time::Instant::now();
         assert!(matches!(store.ping().await, Err(StoreError::Timeout(l)) if l == limit));
         assert_eq!(started.elapsed(), limit);
@@ -257,7 +264,7 @@ mod tests {
     async fn a_ready_call_is_observed_under_its_own_op() {
         let metrics = Metrics::new();
         let store = Timed::new(
-            crate::store::MemoryStore::new(8),
+            Arc::new(crate::store::MemoryStore::new(8)),
             Deadline::new(Duration::from_secs(1), metrics.store_timings()),
         );
         store.ping().await.expect("memory store answers");

@@ -243,7 +243,7 @@ async fn on_the_file_store() {
 }
 
 /// A redis-server of its own and a proxy on it, in front of `up`.
-async fn on_its_own_redis(up: &Upstream) -> (RedisServer, Proxy<Arc<RedisStore>>) {
+async fn on_its_own_redis(up: &Upstream) -> (RedisServer, Proxy<RedisStore>) {
     let redis = RedisServer::start().await;
     let yaml = format!(
         "upstream:\n  url: {{upstream}}\nstore:\n  kind: redis\n  url: {}\n",

@@ -26,7 +26,7 @@ use support::redis::ha::{MASTER_NAME, Sentinels, key_slot};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, TestClient, Upstream};
 
-type RedisProxy = Proxy<Arc<RedisStore>>;
+type RedisProxy = Proxy<RedisStore>;
 
 /// How late the replica gets each write.
 const REPLICATION_LAG: Duration = Duration::from_millis(20);

@@ -359,7 +359,7 @@ fn redis_addr(redis: &RedisServer) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], redis.port))
 }
 
-type RedisProxy = Proxy<Arc<RedisStore>>;
+type RedisProxy = Proxy<RedisStore>;
 
 #[tokio::test]
 async fn a_cut_redis_connection_heals_within_a_few_requests_and_replays_still_replay() {

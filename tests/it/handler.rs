@@ -25,7 +25,7 @@ fn state(extra: &str) -> Arc<AppState<MemoryStore>> {
     let store = MemoryStore::new(config.store.max_entries);
     Arc::new(AppState::with_metrics(
         Arc::new(config),
-        store,
+        Arc::new(store),
         Metrics::observable(),
     ))
 }

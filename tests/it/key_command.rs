@@ -32,7 +32,7 @@ async fn key(file: &TempConfig, args: &[&str]) -> Finished {
 /// Sends one request and returns the one key it added to Redis.
 async fn stored_by(
     redis: &RedisServer,
-    proxy: &Proxy<std::sync::Arc<idemgate::store::RedisStore>>,
+    proxy: &Proxy<idemgate::store::RedisStore>,
     path: &str,
     headers: &[(&str, &str)],
     body: &str,

@@ -21,7 +21,7 @@ async fn stalling_proxy(
     let yaml = yaml.replace("{upstream}", &up.url());
     let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
     let store = stalling(MemoryStore::new(1000), op, when);
-    Proxy::with_store(config, store).await
+    Proxy::with_store(config, std::sync::Arc::new(store)).await
 }
 
 /// Waits for a condition on the metrics, failing the test after 10 s instead of hanging.

@@ -19,7 +19,7 @@ fn redis_yaml(url: &str, extra: &str) -> String {
     )
 }
 
-type RedisProxy = Proxy<Arc<RedisStore>>;
+type RedisProxy = Proxy<RedisStore>;
 
 /// Waits until the two replicas together counted `n` of `outcome`.
 async fn wait_for_sum(a: &Metrics, b: &Metrics, outcome: Outcome, n: u64) {

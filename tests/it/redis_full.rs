@@ -117,9 +117,7 @@ fn redis_yaml(url: &str, on_unavailable: &str) -> String {
 }
 
 /// One key completed, then Redis fills up: its retry is replayed, under either setting.
-async fn completed_then_full(
-    on_unavailable: &str,
-) -> (RedisServer, Upstream, Proxy<Arc<RedisStore>>) {
+async fn completed_then_full(on_unavailable: &str) -> (RedisServer, Upstream, Proxy<RedisStore>) {
     let redis = RedisServer::start().await;
     let up = Upstream::start().await;
     let proxy = Proxy::redis(&redis_yaml(&redis.url(), on_unavailable), &up).await;

@@ -4,7 +4,6 @@
 use crate::support;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::store::RedisStore;
@@ -13,7 +12,7 @@ use support::monitor::Monitor;
 use support::redis::RedisServer;
 use support::{Proxy, Upstream};
 
-type RedisProxy = Proxy<Arc<RedisStore>>;
+type RedisProxy = Proxy<RedisStore>;
 
 fn yaml(url: &str, extra: &str) -> String {
     format!(

@@ -94,7 +94,7 @@ async fn a_flood_from_one_scope_evicts_only_its_own_records_on_the_memory_store(
     let up = Upstream::start().await;
     let config = config(&up, "  kind: memory\n");
     let store = MemoryStore::new(1000).with_scope_quota(config.store.max_entries_per_scope);
-    let proxy = Proxy::with_store(config, store).await;
+    let proxy = Proxy::with_store(config, Arc::new(store)).await;
     let client = proxy.client();
     for key in ["tenant-1", "tenant-2"] {
         assert_eq!(post_as(&client, "tenant", key).await.status, 201);
@@ -325,7 +325,7 @@ async fn made_up_credentials_do_not_evict_a_tenant_through_the_proxy_on_the_file
     );
     let config = full_config(&up, &store_yaml);
     let store = FileStore::open(&FileOptions::from_config(&config.store)).expect("open");
-    let proxy = Proxy::with_store(config, store).await;
+    let proxy = Proxy::with_store(config, Arc::new(store)).await;
     made_up_credentials_through_the_proxy(&proxy, &up).await;
     proxy.stop().await;
 }

@@ -4,7 +4,6 @@
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idemgate::store::RedisStore;
@@ -12,7 +11,7 @@ use support::redis::RedisServer;
 use support::redis::ha::{MASTER_NAME, Sentinels};
 use support::{Proxy, Resp, TestClient, Upstream};
 
-type RedisProxy = Proxy<Arc<RedisStore>>;
+type RedisProxy = Proxy<RedisStore>;
 
 fn yaml(urls: &[String], extra: &str) -> String {
     format!(

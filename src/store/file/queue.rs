@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use super::journal::{self, Entry};
 use super::unavailable;
 use crate::idempotency::{Record, ScopeId, ScopedKey};
-use crate::store::{Durability, StoreError};
+use crate::store::api::StoreError;
+use crate::store::memory::Durability;
 
 /// Failed ranges remembered; a ticket older than all of them that may have failed is
 /// answered as failed (a refused request the client retries, never a lost one).
@@ -79,7 +80,7 @@ pub(super) trait Seat: Send + Sync {
 }
 
 /// The queue between the shards and the writer.
-pub(super) struct Queue {
+pub struct Queue {
     /// With `fsync: false` a write costs a few µs: the caller waiting for it writes
     /// what is queued itself rather than waking the writer thread and waiting to be
     /// woken in turn. With `fsync: true` a flush would block a worker thread.
@@ -278,10 +279,7 @@ impl Queue {
 }
 
 /// The file store's [`Durability`]: changes go to the journal through the queue.
-#[derive(Debug, Clone)]
-pub struct Journaled(pub(super) Arc<Queue>);
-
-impl Durability for Journaled {
+impl Durability for Queue {
     fn put(
         &self,
         key: &ScopedKey,
@@ -289,19 +287,17 @@ impl Durability for Journaled {
         expires_ms: u64,
         scope: Option<&ScopeId>,
     ) -> u64 {
-        self.0
-            .push(|buf| journal::encode_put(key, expires_ms, record, scope, buf))
+        self.push(|buf| journal::encode_put(key, expires_ms, record, scope, buf))
     }
 
     fn remove(&self, key: &ScopedKey) -> u64 {
-        self.0
-            .push(|buf| journal::encode(&Entry::Remove { key: *key }, buf))
+        self.push(|buf| journal::encode(&Entry::Remove { key: *key }, buf))
     }
 
     async fn settle(&self, ticket: u64) -> Result<(), StoreError> {
         if ticket == 0 {
             return Ok(());
         }
-        self.0.wait(ticket).await
+        self.wait(ticket).await
     }
 }

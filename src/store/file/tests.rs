@@ -10,8 +10,9 @@ use bytes::Bytes;
 use http::StatusCode;
 
 use super::*;
-use crate::idempotency::{Fingerprint, Record, StoredBody};
-use crate::store::{Watch, millis};
+use crate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey, StoredBody};
+use crate::store::api::millis;
+use crate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Store, Watch};
 
 const LEASE: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(60);
@@ -112,7 +113,7 @@ async fn concurrent_claims_share_flushes() {
         flushes * 4 <= u64::from(claims),
         "{claims} concurrent claims took {flushes} flushes: not grouped"
     );
-    assert_eq!(s.len(), u64::from(claims));
+    assert_eq!(s.len(), usize::try_from(claims).expect("small"));
 }
 
 /// Without `fsync` the callers write the journal themselves: every concurrent claim and
@@ -147,7 +148,7 @@ async fn without_fsync_callers_write_for_each_other_and_every_change_lands_in_or
         assert!(s.flushes() <= u64::from(2 * keys), "{} writes", s.flushes());
     }
     let s = FileStore::open(&options).expect("reopen");
-    assert_eq!(s.len(), u64::from(keys));
+    assert_eq!(s.len(), usize::try_from(keys).expect("small"));
     for k in 0..keys {
         assert_eq!(existing(&s, k).await, Record::Completed(response(b"done")));
     }
@@ -159,7 +160,8 @@ async fn the_disk_bytes_gauge_follows_the_file_as_it_grows() {
     let s = FileStore::open(&options(dir.path(), 100_000)).expect("open");
     let file = dir.path().join("store").join(JOURNAL_FILE);
     let size = || std::fs::metadata(&file).expect("the journal").len();
-    let gauge = |s: &FileStore| u64::try_from(s.metrics.disk_bytes.get()).expect("not negative");
+    let gauge =
+        |s: &FileStore| u64::try_from(s.backing.metrics.disk_bytes.get()).expect("not negative");
     assert_eq!(gauge(&s), size(), "at open");
     for k in 0..20 {
         let lease = acquire(&s, k).await;
@@ -225,7 +227,7 @@ async fn a_sweep_removes_what_expired_and_wakes_its_waiters() {
     assert_eq!(s.len(), 51);
     // Time is an input: a sweep as of two ttls from now finds everything expired.
     let later = TokioClock::default().now_ms() + 2 * millis(TTL + LEASE);
-    s.queue.tick(later);
+    s.backing.queue.tick(later);
     tokio::time::timeout(Duration::from_secs(5), w.changed())
         .await
         .expect("the marker's removal wakes its waiter");
@@ -233,7 +235,7 @@ async fn a_sweep_removes_what_expired_and_wakes_its_waiters() {
     // A write queued now is taken by the writer after the tick has run: once it is
     // settled, so is the tick's count.
     let _after = acquire(&s, 200).await;
-    assert_eq!(s.metrics.expired.get(), 51);
+    assert_eq!(s.backing.metrics.expired.get(), 51);
     // The removals are in the journal: a reopen finds the new marker only, whatever
     // the time.
     drop(s);
@@ -506,7 +508,7 @@ async fn compaction_keeps_exactly_the_live_records() {
             k += 1;
         }
         let grown = size();
-        s.queue.tick(TokioClock::default().now_ms());
+        s.backing.queue.tick(TokioClock::default().now_ms());
         // The compaction runs on a thread of its own, and the writer puts its journal in
         // place after a write that finds it done: writes go on meanwhile, and land.
         let mut writes = 0;

@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use super::journal::{self, Entry, Journal};
-use super::queue::{Journaled, Queue, Seat};
+use super::queue::{Queue, Seat};
 use super::{FileMetrics, Health, gauge, load};
 use crate::idempotency::{OwnerToken, Record, ScopedKey};
+use crate::store::api::{Fenced, Lease};
 use crate::store::clock::Clock;
-use crate::store::{Fenced, Lease, MemoryStore};
+use crate::store::memory::Core;
 
 /// The journal is compacted when it is this much larger than after the last compaction,
 /// and at least [`COMPACT_FROM`].
@@ -27,7 +28,7 @@ const COMPACT_GROWTH: u64 = 2;
 pub(super) const COMPACT_FROM: u64 = 4 << 20;
 
 pub(super) struct Writer<C: Clock> {
-    core: Arc<MemoryStore<C, Journaled>>,
+    core: Core<C>,
     journal: Journal,
     queue: Arc<Queue>,
     metrics: FileMetrics,
@@ -49,9 +50,9 @@ pub(super) struct Writer<C: Clock> {
     spare: Vec<u8>,
 }
 
-impl<C: Clock> Writer<C> {
+impl<C: Clock + Clone> Writer<C> {
     pub(super) fn new(
-        core: Arc<MemoryStore<C, Journaled>>,
+        core: Core<C>,
         journal: Journal,
         queue: Arc<Queue>,
         metrics: FileMetrics,
@@ -208,7 +209,7 @@ impl<C: Clock> Writer<C> {
                 token: *token,
                 claimed_at_ms: 0,
             };
-            freed += usize::from(self.core.release_at(&lease, 0) == Fenced::Done);
+            freed += usize::from(self.core.release_at(&*self.queue, &lease, 0) == Fenced::Done);
         }
         if freed > 0 {
             tracing::info!(
@@ -221,7 +222,9 @@ impl<C: Clock> Writer<C> {
 
     /// The once-a-second work; false when the writer cannot go on.
     fn tick(&mut self, now: u64) -> bool {
-        self.metrics.expired.inc_by(self.core.sweep(now));
+        self.metrics
+            .expired
+            .inc_by(self.core.sweep(&*self.queue, now));
         if self.health.failing.load(Ordering::Relaxed) {
             match self.journal.probe(self.failed_bytes) {
                 Ok(()) => self.succeeded(),
@@ -239,7 +242,7 @@ impl<C: Clock> Writer<C> {
     /// Starts writing a new journal of the live records, on a thread of its own: the
     /// writer goes on appending meanwhile, and keeps a copy of what it appends.
     fn compact(&mut self, now: u64) {
-        let core = Arc::clone(&self.core);
+        let core = self.core.clone();
         let dir = self.journal.dir().to_owned();
         let spawned = std::thread::Builder::new()
             .name("idemgate-file-compact".to_owned())
@@ -317,7 +320,7 @@ impl<C: Clock> Writer<C> {
     }
 }
 
-impl<C: Clock> Seat for Mutex<Writer<C>> {
+impl<C: Clock + Clone> Seat for Mutex<Writer<C>> {
     fn write_queued(&self) -> bool {
         let (wrote, queue) = {
             let Some(mut writer) = held(self) else {
@@ -339,7 +342,7 @@ fn held<C: Clock>(seat: &Mutex<Writer<C>>) -> Option<std::sync::MutexGuard<'_, W
     }
 }
 
-impl<C: Clock> Writer<C> {
+impl<C: Clock + Clone> Writer<C> {
     /// A caller's write of what is queued (`fsync: false`); false when the writer has
     /// stopped.
     fn write_for_a_caller(&mut self) -> bool {

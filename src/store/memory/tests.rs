@@ -61,14 +61,19 @@ async fn woken(w: MemoryWatch) -> bool {
 }
 
 fn watchers_len(s: &MemoryStore) -> usize {
-    s.shards
+    s.core
+        .shards
         .iter()
         .map(|shard| lock(shard).watchers.len())
         .sum()
 }
 
 fn scans(s: &MemoryStore) -> usize {
-    s.shards.iter().map(|shard| lock(shard).index.scans).sum()
+    s.core
+        .shards
+        .iter()
+        .map(|shard| lock(shard).index.scans)
+        .sum()
 }
 
 #[tokio::test(start_paused = true)]
@@ -183,8 +188,8 @@ async fn record_in(s: &MemoryStore, k: u8, scope: u8, ttl: Duration) {
 }
 
 fn holds(s: &MemoryStore, k: u8) -> bool {
-    let now = s.clock.now_ms();
-    s.shards.iter().any(|shard| {
+    let now = s.core.clock.now_ms();
+    s.core.shards.iter().any(|shard| {
         lock(shard)
             .index
             .live(now)

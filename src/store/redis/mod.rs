@@ -27,7 +27,9 @@ use redis::io::tcp::TcpSettings;
 use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
-use super::{Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError};
+use super::api::{
+    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError,
+};
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::worker::PerWorker;
@@ -202,12 +204,12 @@ fn unavailable(err: redis::RedisError) -> StoreError {
 /// on the replicas' clocks, so replicas must keep them in sync (NTP); a skew well below
 /// `lease / 3` is harmless.
 fn now_ms() -> u64 {
-    super::wall_clock_ms()
+    super::api::wall_clock_ms()
 }
 
 /// Milliseconds for `PX` and the scripts: at least 1, as Redis refuses an expiry of 0.
 fn millis(d: Duration) -> u64 {
-    super::millis(d).max(1)
+    super::api::millis(d).max(1)
 }
 
 impl RedisStore {

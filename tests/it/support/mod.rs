@@ -100,11 +100,11 @@ impl Proxy<MemoryStore> {
     pub async fn with_config(config: Config) -> Proxy {
         let store = MemoryStore::new(config.store.max_entries)
             .with_scope_quota(config.store.max_entries_per_scope);
-        Proxy::with_store(config, store).await
+        Proxy::with_store(config, Arc::new(store)).await
     }
 }
 
-impl Proxy<Arc<RedisStore>> {
+impl Proxy<RedisStore> {
     /// A proxy on the Redis store that the config names.
     pub async fn redis(yaml: &str, upstream: &Upstream) -> Self {
         let yaml = yaml.replace("{upstream}", &upstream.url());
@@ -118,12 +118,13 @@ impl Proxy<FileStore> {
     /// A proxy on the file store that `config` names (`store.kind: file`).
     pub async fn file(config: Config) -> Self {
         let store = FileStore::open(&FileOptions::from_config(&config.store)).expect("file store");
-        Proxy::with_store(config, store).await
+        Proxy::with_store(config, Arc::new(store)).await
     }
 }
 
 impl<S: Store> Proxy<S> {
-    pub async fn with_store(config: Config, store: S) -> Proxy<S> {
+    /// A proxy on `store`, which the test may share to look into it.
+    pub async fn with_store(config: Config, store: Arc<S>) -> Proxy<S> {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let config = Arc::new(config);

@@ -26,7 +26,7 @@ pub struct Stall {
 pub type Stalling<S> = Layered<S, Stall>;
 
 pub fn stalling<S: idemgate::store::Store>(inner: S, op: StoreOp, when: When) -> Stalling<S> {
-    Layered::new(inner, Stall { op, when })
+    Layered::new(std::sync::Arc::new(inner), Stall { op, when })
 }
 
 impl Around for Stall {
