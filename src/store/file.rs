@@ -1,7 +1,7 @@
 //! The durable embedded store (docs/behaviour.md §12): one process, no Redis, keys that
 //! survive a restart and a `kill -9`. It is the memory store's code ([`Embedded`]: its
 //! shards, the per-key rules of `rules.rs`) backed by a [`Disk`], whose journal every
-//! change is also appended to: see the README for why a journal rather than redb or
+//! change is also appended to: see docs/stores.md for why a journal rather than redb or
 //! fjall.
 //!
 //! - Every change is encoded under its key's shard lock and queued (`queue.rs`); one
