@@ -4,7 +4,7 @@
 //! that the two do not import each other.
 
 use super::sections::RawErrors;
-use super::values::{Count, Raw, WorkerCount};
+use super::values::{Count, Raw, Text, WorkerCount};
 use super::{ConfigError, ErrorFormat, ErrorsConfig, Workers};
 
 /// `max_connections`, `store.max_entries`: a count of at least 1.
@@ -66,9 +66,9 @@ pub(super) fn build_errors(raw: RawErrors, key: &str) -> Result<ErrorsConfig, Co
 /// `upgrades`: protocol names (RFC 9110 tokens), lower-cased; `h2c` is dropped from the
 /// list in force (never one of the protocols: RFC 9113 deprecates it, and a joined h2c
 /// connection would carry every later request past the guard).
-pub(super) fn build_upgrades(raw: Vec<String>, key: &str) -> Result<Vec<String>, ConfigError> {
+pub(super) fn build_upgrades(raw: Vec<Text>, key: &str) -> Result<Vec<String>, ConfigError> {
     let mut upgrades = Vec::with_capacity(raw.len());
-    for (index, name) in raw.into_iter().enumerate() {
+    for (index, Text(name)) in raw.into_iter().enumerate() {
         let field = format!("{key}[{index}]");
         let name = name.trim().to_ascii_lowercase();
         let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~/".contains(c);

@@ -3,12 +3,18 @@
 //! is rotated by listing a new one first and dropping the old one once its records have
 //! expired.
 
+use super::render::{Mapping, Value};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
 
+use super::values::{Null, Text, given, null};
 use super::{ConfigError, MASK};
+
+null! {
+    refused: RawEncryption;
+    default:
+}
 
 /// Key material: 32 bytes, for AES-256-GCM.
 pub(crate) const KEY_LEN: usize = 32;
@@ -40,14 +46,17 @@ impl std::fmt::Debug for EncryptionKey {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with keys")]
 pub(super) struct RawEncryption {
+    #[serde(default, deserialize_with = "given")]
     keys: Option<Vec<RawKey>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with id and key")]
 struct RawKey {
-    id: Option<String>,
-    key: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    id: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
+    key: Option<Text>,
 }
 
 /// The most characters of an id: it is stored in every sealed record.
@@ -59,7 +68,7 @@ pub(super) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, Co
     let mut keys: Vec<EncryptionKey> = Vec::with_capacity(raw_keys.len());
     for (i, raw) in raw_keys.into_iter().enumerate() {
         let at = format!("store.encryption.keys[{i}]");
-        let id = raw.id.unwrap_or_default();
+        let id = raw.id.map(|id| id.0).unwrap_or_default();
         if id.is_empty() || id.len() > MAX_ID_LEN || !id.chars().all(|c| c.is_ascii_graphic()) {
             return Err(ConfigError::invalid(
                 format!("{at}.id"),
@@ -76,7 +85,7 @@ pub(super) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, Co
             ));
         }
         let named = format!("{at}.key (id '{id}')");
-        let text = raw.key.unwrap_or_default();
+        let text = raw.key.map(|key| key.0).unwrap_or_default();
         if text == MASK {
             return Err(ConfigError::invalid(
                 named,

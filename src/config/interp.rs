@@ -1,81 +1,108 @@
-//! `${VAR}` interpolation, applied to the parsed YAML value rather than the text so
-//! that comments are never touched and a substituted value can never change the
-//! document's structure (a password containing `: ` or `#` stays one string).
+//! `${VAR}` interpolation, applied to each string value as the parser hands it over
+//! rather than to the text, so that comments and keys are never touched and a
+//! substituted value can never change the document's structure (a password containing
+//! `: ` or `#` stays one string).
 //!
 //! `$${` is a literal `${` (docs/behaviour.md §15): a value can hold one, and `--check`,
 //! which prints every `${` of a value as `$${`, prints a file that loads back to the same
 //! configuration. Substituted values are not interpolated again.
 
-use serde_yaml::Value;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
-use super::ConfigError;
+/// The variables asked of the environment so far, and what it said (`None`: not set).
+pub(super) type Vars = HashMap<String, Option<String>>;
 
-/// Replaces `${NAME}` in every string scalar (not in keys) with `env(NAME)`, and `$${`
-/// with `${`.
+/// What one read of the file knows of the environment, and what it asked besides.
+#[derive(Default)]
+struct Reading {
+    vars: Vars,
+    /// Names the file uses that `vars` does not hold yet.
+    asked: Vec<String>,
+    /// The variable of the last error, which was not set.
+    missing: Option<String>,
+}
+
+thread_local! {
+    /// Set by [`reading`] while the parser reads the file on this thread, for the values
+    /// that [`expand`] themselves: a `Deserialize` impl is given no context of its own.
+    static READING: RefCell<Option<Reading>> = const { RefCell::new(None) };
+}
+
+/// Runs `read` with `vars` known, returning what it returned and the names it asked for
+/// that `vars` did not hold (each once).
+pub(super) fn reading<R>(vars: Vars, read: impl FnOnce() -> R) -> (R, Vec<String>) {
+    let outer = READING.replace(Some(Reading {
+        vars,
+        ..Reading::default()
+    }));
+    let result = read();
+    let asked = READING
+        .replace(outer)
+        .map(|reading| reading.asked)
+        .unwrap_or_default();
+    (result, asked)
+}
+
+/// The variable that was not set, if the last value refused was refused for that.
+pub(super) fn missing() -> Option<String> {
+    READING.with_borrow(|reading| reading.as_ref().and_then(|r| r.missing.clone()))
+}
+
+/// `text` with `${NAME}` replaced by the variable and `$${` by `${` (a string scalar of
+/// the file, never a key), or why not.
 ///
-/// An unset variable is an error, not an empty string: a silently empty password or
-/// host is worse than refusing to start. Any other `$` is kept as is.
-pub(super) fn interpolate(
-    value: &mut Value,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
-    walk(value, &mut String::new(), env)
-}
-
-fn walk(
-    value: &mut Value,
-    path: &mut String,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), ConfigError> {
-    match value {
-        Value::String(text) => {
-            if text.contains("${") {
-                *text = substitute(text, path, env)?;
-            }
-            Ok(())
-        }
-        Value::Sequence(items) => {
-            for (index, item) in items.iter_mut().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{index}]"));
-                walk(item, path, env)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
-        Value::Mapping(map) => {
-            for (key, item) in map.iter_mut() {
-                let len = path.len();
-                if !path.is_empty() {
-                    path.push('.');
-                }
-                match key {
-                    Value::String(key) => path.push_str(key),
-                    _ => path.push('?'),
-                }
-                walk(item, path, env)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
-        Value::Tagged(tagged) => walk(&mut tagged.value, path, env),
-        Value::Null | Value::Bool(_) | Value::Number(_) => Ok(()),
+/// A name not asked yet reads as empty, to be asked before the file is read again; one
+/// that is not set is an error, not an empty string: a silently empty password or host
+/// is worse than refusing to start. Any other `$` is kept as is.
+pub(super) fn expand(text: String) -> Result<String, String> {
+    if !text.contains("${") {
+        return Ok(text);
     }
+    READING.with_borrow_mut(|reading| {
+        let Some(reading) = reading else {
+            return Ok(text);
+        };
+        let lookup = |name: &str| match reading.vars.get(name) {
+            Some(value) => Lookup::Known(value.clone()),
+            None => Lookup::Unknown,
+        };
+        match substitute(&text, &lookup) {
+            Ok((out, unknown)) => {
+                for name in unknown {
+                    if !reading.asked.contains(&name) {
+                        reading.asked.push(name);
+                    }
+                }
+                Ok(out)
+            }
+            Err(Refused::Missing(var)) => {
+                let message = format!("environment variable {var} is not set");
+                reading.missing = Some(var);
+                Err(message)
+            }
+            Err(Refused::Syntax(message)) => Err(message),
+        }
+    })
 }
 
+enum Lookup {
+    Known(Option<String>),
+    Unknown,
+}
+
+enum Refused {
+    Missing(String),
+    Syntax(String),
+}
+
+/// `text` interpolated, and the names `lookup` did not know (read as empty).
 fn substitute(
     text: &str,
-    path: &str,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, ConfigError> {
-    let field = || {
-        if path.is_empty() {
-            "(top level)".to_owned()
-        } else {
-            path.to_owned()
-        }
-    };
+    lookup: &dyn Fn(&str) -> Lookup,
+) -> Result<(String, Vec<String>), Refused> {
     let mut out = String::with_capacity(text.len());
+    let mut unknown = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("${") {
         // Read from the left, a `$` right before `${` can only be the escape's: no
@@ -89,31 +116,25 @@ fn substitute(
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
         let Some(end) = after.find('}') else {
-            return Err(ConfigError::invalid(
-                field(),
-                "unterminated '${' (expected ${NAME})",
+            return Err(Refused::Syntax(
+                "unterminated '${' (expected ${NAME})".to_owned(),
             ));
         };
         let name = &after[..end];
         if !is_variable_name(name) {
-            return Err(ConfigError::invalid(
-                field(),
-                format!(
-                    "invalid variable reference '${{{name}}}'; expected ${{NAME}} with letters, digits and _"
-                ),
-            ));
+            return Err(Refused::Syntax(format!(
+                "invalid variable reference '${{{name}}}'; expected ${{NAME}} with letters, digits and _"
+            )));
         }
-        let Some(replacement) = env(name) else {
-            return Err(ConfigError::MissingEnv {
-                path: field(),
-                var: name.to_owned(),
-            });
-        };
-        out.push_str(&replacement);
+        match lookup(name) {
+            Lookup::Known(Some(value)) => out.push_str(&value),
+            Lookup::Known(None) => return Err(Refused::Missing(name.to_owned())),
+            Lookup::Unknown => unknown.push(name.to_owned()),
+        }
         rest = &after[end + 1..];
     }
     out.push_str(rest);
-    Ok(out)
+    Ok((out, unknown))
 }
 
 fn is_variable_name(name: &str) -> bool {
@@ -142,8 +163,8 @@ mod tests {
                 0..12,
             ).prop_map(|pieces| pieces.concat())
         ) {
-            let read = substitute(&escape(&text), "key", &|_| None);
-            prop_assert_eq!(read.unwrap(), text);
+            let read = substitute(&escape(&text), &|_| Lookup::Known(None));
+            prop_assert!(matches!(read, Ok((read, _)) if read == text));
         }
     }
 }

@@ -8,9 +8,9 @@
 
 use std::fmt;
 
+use super::render::{Mapping, Value};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde_yaml::{Mapping, Value};
 
 use super::values::{Raw, Text};
 use crate::idempotency::format::{KeyFormat, KeyPattern};

@@ -1,18 +1,17 @@
 //! Typed, validated configuration.
 //!
-//! Loading runs in four steps, each in its own file, so that every error can name the
-//! field it is about, after `limits` has refused a file too large or too deeply nested
-//! to be worth parsing (docs/behaviour.md §15):
+//! Loading runs in three steps, each in its own file, so that every error can name the
+//! field it is about and its line:
 //!
-//! 1. the text is parsed into a `serde_yaml::Value` (syntax errors only);
-//! 2. `interp` replaces `${VAR}` in every string scalar (not in comments, which the
-//!    YAML parser has already dropped), and `$${` with a literal `${`;
-//! 3. `raw` deserializes the value into structs that deny unknown keys, using
-//!    `values` to parse units, enums and addresses, with `serde_path_to_error`
-//!    recording where each one was (`policy` declares the keys that `idempotency`
-//!    and `routes[]` share, `sections` those of `upstream`, `errors` and `log`, and
-//!    `top` the top-level keys and the reload class of every key, once each);
-//! 4. `validate` applies defaults and the checks that span several keys.
+//! 1. `parse` has the YAML parser read the text, within its limits
+//!    (docs/behaviour.md §15), straight into `raw`'s structs, which deny unknown keys;
+//! 2. while it reads, `values` parses units, enums and addresses, with `interp`
+//!    replacing `${VAR}` in every string value (`$${` is a literal `${`), and
+//!    `serde_path_to_error` recording where each one was (`policy` declares the keys
+//!    that `idempotency` and `routes[]` share, `sections` those of `upstream`, `errors`
+//!    and `log`, and `top` the top-level keys and the reload class of every key, once
+//!    each);
+//! 3. `validate` applies defaults and the checks that span several keys.
 //!
 //! `render` goes the other way for `--check`.
 
@@ -20,7 +19,7 @@ mod checks;
 mod encryption;
 mod interp;
 mod key_format;
-mod limits;
+mod parse;
 mod policy;
 mod raw;
 mod reconcile;
@@ -193,18 +192,22 @@ pub enum LogFormat {
 /// Why a configuration was refused.
 ///
 /// The message starts with the full path of the offending field (`routes[1].ttl: ...`)
-/// so that an operator reading `--check` output knows where to look without a line
-/// number. Only a YAML syntax error or a nesting too deep, which precede any field, start
-/// with their line and column instead, and an I/O error or a file too large with the
-/// file's path.
+/// and ends with where it is written (` (line 7 column 10)`), or, for a key that is
+/// not, where its section is. Only a YAML syntax error or a nesting too deep, which
+/// precede any field, start with their line and column instead, and an I/O error or a
+/// file too large with the file's path.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// A key that is unknown, missing, of the wrong type or holding a bad value.
-    #[error("{path}: {message}")]
-    Invalid { path: String, message: String },
+    #[error("{path}: {message}{at}")]
+    Invalid {
+        path: String,
+        message: String,
+        at: At,
+    },
     /// `${VAR}` named a variable that is not set; unset is not the same as empty.
-    #[error("{path}: environment variable {var} is not set (referenced as ${{{var}}})")]
-    MissingEnv { path: String, var: String },
+    #[error("{path}: environment variable {var} is not set (referenced as ${{{var}}}){at}")]
+    MissingEnv { path: String, var: String, at: At },
     /// The text is not YAML at all.
     #[error("{location}: invalid YAML: {message}")]
     Syntax { location: String, message: String },
@@ -214,10 +217,23 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// Larger than 1 MiB or nested deeper than 64 levels (docs/behaviour.md §15): refused
-    /// before parsing, whose time grows with the square of the nesting.
+    /// Larger than 1 MiB, nested deeper than 64 levels, or aliases that expand too far
+    /// (docs/behaviour.md §15): refused as soon as the parser meets it.
     #[error("{location}: {message}")]
     Limit { location: String, message: String },
+}
+
+/// Where in the file an error is: its line and column, from 1, when known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct At(pub Option<(u64, u64)>);
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some((line, column)) => write!(f, " (line {line} column {column})"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl ConfigError {
@@ -225,7 +241,19 @@ impl ConfigError {
         ConfigError::Invalid {
             path: path.into(),
             message: message.into(),
+            at: At::default(),
         }
+    }
+
+    /// The error with the place in `text` it is about, if it names a path and no line.
+    fn located(mut self, text: &str) -> Self {
+        if let ConfigError::Invalid { path, at, .. } | ConfigError::MissingEnv { path, at, .. } =
+            &mut self
+            && at.0.is_none()
+        {
+            *at = At(parse::locate(text, path));
+        }
+        self
     }
 }
 
@@ -238,20 +266,8 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        limits::check_size(text.len(), "(document)")?;
-        limits::check_depth(text)?;
-        let mut value: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|err| syntax_error(&err))?;
-        // Merge keys (`<<: *defaults`) let routes share settings; resolve them before
-        // anything looks at keys, or `<<` would be reported as an unknown field.
-        value.apply_merge().map_err(|err| syntax_error(&err))?;
-        if value.is_null() {
-            // An empty file is a configuration with every key left to its default.
-            value = serde_yaml::Value::Mapping(serde_yaml::Mapping::new());
-        }
-        interp::interpolate(&mut value, env)?;
-        let raw = raw::deserialize(value)?;
-        validate::build(raw)
+        let raw::File(raw) = parse::document(text, env)?;
+        validate::build(raw).map_err(|err| err.located(text))
     }
 
     /// Reads and parses a file, resolving `${VAR}` from the process environment.
@@ -266,11 +282,11 @@ impl Config {
         let mut bytes = Vec::new();
         std::fs::File::open(path)
             .and_then(|file| {
-                file.take(limits::MAX_BYTES as u64 + 1)
+                file.take(parse::MAX_BYTES as u64 + 1)
                     .read_to_end(&mut bytes)
             })
             .map_err(io)?;
-        limits::check_size(bytes.len(), &path.display().to_string())?;
+        parse::check_size(bytes.len(), &path.display().to_string())?;
         let text = String::from_utf8(bytes)
             .map_err(|err| io(std::io::Error::new(std::io::ErrorKind::InvalidData, err)))?;
         Config::from_yaml_str(&text, &|name| std::env::var(name).ok())
@@ -400,27 +416,4 @@ fn redact_url(url: &str) -> String {
 /// decode it before sending it).
 fn url_secret_is_masked(url: &str) -> bool {
     url_secret(url).is_some_and(|cut| cut.secret.replace("%2A", "*").replace("%2a", "*") == MASK)
-}
-
-fn syntax_error(err: &serde_yaml::Error) -> ConfigError {
-    let location = err.location().map_or_else(
-        || "(document)".to_owned(),
-        |at| format!("line {} column {}", at.line(), at.column()),
-    );
-    let message = strip_position(&err.to_string());
-    ConfigError::Syntax { location, message }
-}
-
-/// Removes the " at line L column C" that serde_yaml writes into its messages.
-fn strip_position(message: &str) -> String {
-    let Some(start) = message.find(" at line ") else {
-        return message.to_owned();
-    };
-    let tail = &message[start..];
-    let Some(column) = tail.find(" column ") else {
-        return message.to_owned();
-    };
-    let after = &tail[column + " column ".len()..];
-    let digits = after.len() - after.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-    format!("{}{}", &message[..start], &after[digits..])
 }

@@ -24,9 +24,9 @@
 
 use std::time::Duration;
 
+use super::render::Mapping;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
-use serde_yaml::Mapping;
 
 use super::key_format::{self, RawKeyFormat};
 use super::reconcile::{self, RawReconcile, Reconcile};
@@ -36,8 +36,8 @@ use super::render::{
 };
 use super::scope_principal::{self, RawScopePrincipal};
 use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Pick, Pointer, Raw, Size,
-    Status,
+    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Null, Pick, Pointer, Raw,
+    Size, Status, Text, given, null,
 };
 use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
@@ -86,18 +86,21 @@ macro_rules! policy_keys {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
         pub(super) struct RawPolicy {
+            #[serde(default, deserialize_with = "given")]
             header: Option<Header>,
-            $($key: Option<$raw>,)*
+            $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
         }
 
         /// A `routes[]` entry as written: its path prefix and its policy keys.
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
         pub(super) struct RawRoute {
-            path: Option<String>,
-            $($route_key: Option<$route_raw>,)*
+            #[serde(default, deserialize_with = "given")]
+            path: Option<Text>,
+            $(#[serde(default, deserialize_with = "given")] $route_key: Option<$route_raw>,)*
+            #[serde(default, deserialize_with = "given")]
             header: Option<Header>,
-            $($key: Option<$raw>,)*
+            $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
         }
 
         impl Raw for RawPolicy {
@@ -130,7 +133,7 @@ macro_rules! policy_keys {
                 $(if let Some(value) = self.$key {
                     policy.$key = value.typed();
                 })*
-                (self.path, policy)
+                (self.path.map(|path| path.0), policy)
             }
         }
 
@@ -259,6 +262,11 @@ policy_keys! {
     }
 }
 
+null! {
+    refused: RawKeyFormat, RawReconcile, RawScopePrincipal;
+    default: RawPolicy,
+}
+
 /// The two spellings of a section's key sources (docs/behaviour.md §9): `header: X` is
 /// shorthand for `key_from: [{header: X}]`, and a section writes one of them.
 fn one_spelling<H, K>(
@@ -300,7 +308,10 @@ impl Policy {
         // Unset is written by leaving the key out (`null` is refused, as for any key);
         // a route cannot unset what it inherits, so this loses nothing.
         for optional in ["scope_principal", "reconcile"] {
-            if keys.get(optional).is_some_and(serde_yaml::Value::is_null) {
+            if keys
+                .get(optional)
+                .is_some_and(super::render::Value::is_null)
+            {
                 keys.remove(optional);
             }
         }
@@ -309,7 +320,7 @@ impl Policy {
         };
         keys.into_iter()
             .map(|(key, value)| {
-                if key.as_str() == Some("key_from") {
+                if key == "key_from" {
                     ("header".into(), header_name(name))
                 } else {
                     (key, value)

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
+use super::render::{Mapping, Value};
 use http::{HeaderName, Method, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use serde_yaml::{Mapping, Value};
 
 use super::render::{duration, header_name};
-use super::values::{Count, Dur, Header, Raw, Text};
+use super::values::{Count, Dur, Header, Raw, Text, given};
 
 /// The lookup, as a policy has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,10 +101,15 @@ impl Raw for RawReconcile {
     expecting = "a mapping with path (and method, copy_headers, timeout, attempts)"
 )]
 struct Fields {
+    #[serde(default, deserialize_with = "given")]
     method: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     path: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     copy_headers: Option<Vec<Header>>,
+    #[serde(default, deserialize_with = "given")]
     timeout: Option<Dur>,
+    #[serde(default, deserialize_with = "given")]
     attempts: Option<Count>,
 }
 

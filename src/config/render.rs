@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
-use serde_yaml::{Mapping, Value};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 
 use super::interp;
 use super::units::{self, SizeText};
@@ -70,7 +70,7 @@ pub(super) fn to_yaml(config: &Config) -> String {
 
     let mut root = Value::Mapping(root);
     escape_interpolation(&mut root);
-    let yaml = serde_yaml::to_string(&root)
+    let yaml = serde_saphyr::to_string(&root)
         .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
     format!(
         "{}{}{}{yaml}",
@@ -263,9 +263,8 @@ fn escape_interpolation(value: &mut Value) {
             }
         }
         Value::Sequence(items) => items.iter_mut().for_each(escape_interpolation),
-        Value::Mapping(map) => map.iter_mut().for_each(|(_, v)| escape_interpolation(v)),
-        Value::Tagged(tagged) => escape_interpolation(&mut tagged.value),
-        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        Value::Mapping(map) => map.0.iter_mut().for_each(|(_, v)| escape_interpolation(v)),
+        Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => {}
     }
 }
 
@@ -386,4 +385,164 @@ pub(super) fn headers(list: &[HeaderName]) -> Value {
 /// is how docs/behaviour.md and the IETF draft spell the request header.
 pub(super) fn header_name(name: &HeaderName) -> Value {
     display_name(name).into()
+}
+
+/// A value as `--check` prints it: YAML's own shapes, mappings in the order their keys
+/// were put.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Value {
+    Null,
+    Bool(bool),
+    Int(u64),
+    Float(f64),
+    String(String),
+    Sequence(Vec<Value>),
+    Mapping(Mapping),
+}
+
+impl Value {
+    pub(super) fn is_null(&self) -> bool {
+        *self == Value::Null
+    }
+}
+
+/// A mapping whose keys keep the order they were inserted in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Mapping(Vec<(String, Value)>);
+
+impl Mapping {
+    pub(super) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Puts `key`, replacing its value if it is there already.
+    pub(super) fn insert(&mut self, key: String, value: Value) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some(entry) => entry.1 = value,
+            None => self.0.push((key, value)),
+        }
+    }
+
+    pub(super) fn get(&self, key: &str) -> Option<&Value> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub(super) fn remove(&mut self, key: &str) {
+        self.0.retain(|(k, _)| k != key);
+    }
+
+    #[cfg(test)]
+    pub(super) fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl IntoIterator for Mapping {
+    type Item = (String, Value);
+    type IntoIter = std::vec::IntoIter<(String, Value)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl FromIterator<(String, Value)> for Mapping {
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(iter: I) -> Self {
+        let mut map = Mapping::new();
+        map.extend(iter);
+        map
+    }
+}
+
+impl Extend<(String, Value)> for Mapping {
+    fn extend<I: IntoIterator<Item = (String, Value)>>(&mut self, iter: I) {
+        for (key, value) in iter {
+            self.insert(key, value);
+        }
+    }
+}
+
+impl Serialize for Value {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Value::Null => s.serialize_unit(),
+            Value::Bool(b) => s.serialize_bool(*b),
+            Value::Int(n) => s.serialize_u64(*n),
+            Value::Float(x) => s.serialize_f64(*x),
+            Value::String(text) => text_as_before(text, s),
+            Value::Sequence(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Value::Mapping(map) => {
+                let mut out = s.serialize_map(Some(map.0.len()))?;
+                for (key, value) in &map.0 {
+                    out.serialize_entry(key, value)?;
+                }
+                out.end()
+            }
+        }
+    }
+}
+
+/// A string as `--check` has always printed it: plain where YAML reads it back as the
+/// same string, else in single quotes (`'***'`, `'idemgate:'`), and in double quotes
+/// only when it holds a character that needs an escape.
+pub(super) fn text_as_before<S: Serializer>(text: &str, s: S) -> Result<S::Ok, S::Error> {
+    let quoted = serde_saphyr::to_string(&text).is_ok_and(|plain| plain.starts_with('"'));
+    let single = serde_saphyr::SingleQuoted(text);
+    if quoted && serde_saphyr::to_string(&single).is_ok() {
+        single.serialize(s)
+    } else {
+        s.serialize_str(text)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(text: &str) -> Self {
+        Value::String(text.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(text: String) -> Self {
+        Value::String(text)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+impl From<u64> for Value {
+    fn from(n: u64) -> Self {
+        Value::Int(n)
+    }
+}
+
+impl From<f64> for Value {
+    fn from(x: f64) -> Self {
+        Value::Float(x)
+    }
+}
+
+impl From<Mapping> for Value {
+    fn from(map: Mapping) -> Self {
+        Value::Mapping(map)
+    }
+}
+
+impl<T: Into<Value>> From<Vec<T>> for Value {
+    fn from(items: Vec<T>) -> Self {
+        Value::Sequence(items.into_iter().map(Into::into).collect())
+    }
 }

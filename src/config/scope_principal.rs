@@ -9,14 +9,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::render::{Mapping, Value};
 use http::{Uri, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use serde_yaml::{Mapping, Value};
 
 use super::MASK;
 use super::render::{duration, header_name};
-use super::values::{Dur, Flag, Header, Raw, Text};
+use super::values::{Dur, Flag, Header, Null, Raw, Text, given, null};
+
+null! {
+    refused: RawJwt, JwksFile, JwksUrl, SecretText;
+    default:
+}
 use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
 
 /// `scope_principal` as written: exactly one of its three sources.
@@ -36,8 +41,11 @@ impl Raw for RawScopePrincipal {
     expecting = "one of jwt: {...}, trusted_header: NAME, basic: true"
 )]
 struct Fields {
+    #[serde(default, deserialize_with = "given")]
     jwt: Option<RawJwt>,
+    #[serde(default, deserialize_with = "given")]
     trusted_header: Option<Header>,
+    #[serde(default, deserialize_with = "given")]
     basic: Option<Flag>,
 }
 
@@ -64,15 +72,25 @@ impl<'de> Deserialize<'de> for RawScopePrincipal {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of jwt keys")]
 struct JwtFields {
+    #[serde(default, deserialize_with = "given")]
     header: Option<Header>,
+    #[serde(default, deserialize_with = "given")]
     claims: Option<Vec<Text>>,
+    #[serde(default, deserialize_with = "given")]
     jwks_file: Option<JwksFile>,
+    #[serde(default, deserialize_with = "given")]
     jwks_url: Option<JwksUrl>,
+    #[serde(default, deserialize_with = "given")]
     hs256_secret: Option<SecretText>,
+    #[serde(default, deserialize_with = "given")]
     jwks_refresh: Option<Dur>,
+    #[serde(default, deserialize_with = "given")]
     jwks_timeout: Option<Dur>,
+    #[serde(default, deserialize_with = "given")]
     issuer: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     audience: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     leeway: Option<Dur>,
 }
 

@@ -18,14 +18,16 @@
 
 use std::time::Duration;
 
+use super::render::Mapping;
 use http::{HeaderValue, Uri};
 use serde::{Deserialize, Deserializer};
-use serde_yaml::Mapping;
 
 use super::render::{choice, duration, header_value, text, upstream_url};
 use super::sentinel::RawSentinel;
 use super::tls::{self, RawTls, UpstreamTls};
-use super::values::{Addr, ContentType, Count, Dur, Flag, LogLevel, Pick, Raw, Text, UpstreamUrl};
+use super::values::{
+    Addr, ContentType, Count, Dur, Flag, LogLevel, Null, Pick, Raw, Text, UpstreamUrl, given, null,
+};
 use super::{ErrorFormat, LogFormat, OnUnavailable, StoreKind};
 
 /// Generates a typed section, its `Default`, its raw form, the conversion from one to
@@ -56,7 +58,10 @@ macro_rules! section {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = $expecting)]
         pub(super) struct $raw_name {
-            $(pub(super) $key: Option<$raw>,)*
+            $(
+                #[serde(default, deserialize_with = "given")]
+                pub(super) $key: Option<$raw>,
+            )*
         }
 
         impl Raw for $raw_name {
@@ -206,22 +211,41 @@ mod tests {
     }
 }
 
+null! {
+    refused:;
+    default: RawUpstream, RawErrors, RawLog, RawStore, RawAdmin,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping of store keys")]
 pub(super) struct RawStore {
+    #[serde(default, deserialize_with = "given")]
     pub(super) kind: Option<Pick<StoreKind>>,
-    pub(super) url: Option<String>,
-    pub(super) urls: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "given")]
+    pub(super) url: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
+    pub(super) urls: Option<Vec<Text>>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) cluster: Option<Flag>,
-    pub(super) key_prefix: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    pub(super) key_prefix: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) timeout: Option<Dur>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) on_unavailable: Option<Pick<OnUnavailable>>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) max_entries: Option<Count>,
-    pub(super) path: Option<String>,
+    #[serde(default, deserialize_with = "given")]
+    pub(super) path: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) fsync: Option<Flag>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) sentinel: Option<RawSentinel>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) min_replicas: Option<Count>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) encryption: Option<super::encryption::RawEncryption>,
+    #[serde(default, deserialize_with = "given")]
     pub(super) max_entries_per_scope: Option<Count>,
 }
 
@@ -232,7 +256,8 @@ pub(super) struct RawAdmin {
     /// disables the admin server.
     #[serde(default, deserialize_with = "present")]
     pub(super) listen: Option<Option<Addr>>,
-    pub(super) token: Option<String>,
+    /// `null` is no token, its default.
+    pub(super) token: Option<Text>,
 }
 
 /// Marks a key as present even when its value is `null`.

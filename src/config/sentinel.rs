@@ -5,10 +5,16 @@
 //! read here and checked by [`check`] once `build_store` knows whether the store is a
 //! cluster.
 
+use super::render::{Mapping, Value};
 use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
 
+use super::values::{Null, Text, given, null};
 use super::{ConfigError, StoreKind, redact_url};
+
+null! {
+    refused:;
+    default: RawSentinel,
+}
 
 /// Where the sentinels are and which master they watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +38,10 @@ impl SentinelConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a mapping with master_name, urls")]
 pub(super) struct RawSentinel {
-    master_name: Option<String>,
-    urls: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "given")]
+    master_name: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
+    urls: Option<Vec<Text>>,
 }
 
 /// The typed `store.sentinel`, its URLs checked as `store.url` is (only for `kind:
@@ -43,8 +51,13 @@ pub(super) fn build(
     kind: StoreKind,
     check_url: impl Fn(&str) -> Result<(), String>,
 ) -> Result<SentinelConfig, ConfigError> {
-    let master_name = raw.master_name.unwrap_or_default();
-    let urls = raw.urls.unwrap_or_default();
+    let master_name = raw.master_name.map(|name| name.0).unwrap_or_default();
+    let urls: Vec<String> = raw
+        .urls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|url| url.0)
+        .collect();
     if kind == StoreKind::Redis {
         if master_name.trim().is_empty() {
             return Err(ConfigError::invalid(

@@ -11,11 +11,16 @@
 //!     headers: {}                        # sent with every export; values are secrets
 //! ```
 
+use super::render::{Mapping, Value};
 use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
-use serde_yaml::{Mapping, Value};
 
-use super::values::{Choice, HeaderPairs, Pick, Ratio, Text};
+use super::values::{Choice, HeaderPairs, Null, Pick, Ratio, Text, given, null};
+
+null! {
+    refused:;
+    default: RawTelemetry,
+}
 use super::{ConfigError, MASK};
 
 /// How spans travel to the collector.
@@ -78,10 +83,15 @@ pub(super) struct RawTelemetry {
     expecting = "a mapping with endpoint, protocol, service_name, sample_ratio, headers"
 )]
 struct RawOtlp {
+    #[serde(default, deserialize_with = "given")]
     endpoint: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     protocol: Option<Pick<OtlpProtocol>>,
+    #[serde(default, deserialize_with = "given")]
     service_name: Option<Text>,
+    #[serde(default, deserialize_with = "given")]
     sample_ratio: Option<Ratio>,
+    #[serde(default, deserialize_with = "given")]
     headers: Option<HeaderPairs>,
 }
 

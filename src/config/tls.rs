@@ -9,10 +9,17 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
 use serde::de::{self, Deserializer};
-use serde::{Deserialize, Serialize};
 
-use super::values::Raw;
+use super::render::{Mapping, Value};
+
+use super::values::{Null, Raw, Text, null};
+
+null! {
+    refused:;
+    default: RawTls,
+}
 
 /// The PEM files of `upstream.tls`, each with what it held.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -62,7 +69,7 @@ impl PartialEq for KeyFile {
 
 /// A path, as a non-empty string.
 fn read_path<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
-    let text = String::deserialize(d)?;
+    let text = Text::deserialize(d)?.0;
     let text = text.trim();
     if text.is_empty() {
         return Err(de::Error::custom(
@@ -135,22 +142,26 @@ impl Raw for RawTls {
 
 /// `--check` prints the three paths (`null` for one not given), or `null` without
 /// `upstream.tls`.
-pub(super) fn render(tls: &Option<UpstreamTls>) -> serde_yaml::Value {
-    #[derive(Serialize)]
-    struct Paths<'a> {
-        ca_file: Option<&'a PathBuf>,
-        cert_file: Option<&'a PathBuf>,
-        key_file: Option<&'a PathBuf>,
-    }
+pub(super) fn render(tls: &Option<UpstreamTls>) -> Value {
     let Some(tls) = tls else {
-        return serde_yaml::Value::Null;
+        return Value::Null;
     };
-    let paths = Paths {
-        ca_file: tls.ca_file.as_ref().map(|f| &f.path),
-        cert_file: tls.cert_file.as_ref().map(|f| &f.path),
-        key_file: tls.key_file.as_ref().map(|f| &f.path),
-    };
-    serde_yaml::to_value(paths).unwrap_or(serde_yaml::Value::Null)
+    let path =
+        |path: Option<&PathBuf>| path.map_or(Value::Null, |p| p.to_string_lossy().as_ref().into());
+    let mut map = Mapping::new();
+    map.insert(
+        "ca_file".into(),
+        path(tls.ca_file.as_ref().map(|f| &f.path)),
+    );
+    map.insert(
+        "cert_file".into(),
+        path(tls.cert_file.as_ref().map(|f| &f.path)),
+    );
+    map.insert(
+        "key_file".into(),
+        path(tls.key_file.as_ref().map(|f| &f.path)),
+    );
+    Value::Mapping(map)
 }
 
 /// The rustls client configuration for `tls` (none: the system store alone) with

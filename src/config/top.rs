@@ -30,8 +30,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::render::Mapping;
 use serde::Deserialize;
-use serde_yaml::Mapping;
 
 use super::checks::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::policy::{RawPolicy, RawRoute};
@@ -39,7 +39,7 @@ use super::render::{choice, count, duration, errors, size, strings, workers};
 use super::sections::{RawAdmin, RawStore};
 use super::sections::{RawErrors, RawLog, RawUpstream};
 use super::telemetry::{self, RawTelemetry, TelemetryConfig};
-use super::values::{Addr, Count, Dur, Pick, Raw, Size, WorkerCount};
+use super::values::{Addr, Count, Dur, Pick, Raw, Size, Text, WorkerCount, given};
 use super::{
     AdminConfig, ConfigError, ErrorsConfig, EscapedSlashes, LogConfig, Policy, Route, RouteMatch,
     StoreConfig, UpstreamConfig, Workers,
@@ -107,8 +107,14 @@ macro_rules! top_level {
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of configuration keys")]
         pub(super) struct RawConfig {
-            $(pub(super) $section: Option<$section_raw>,)*
-            $(pub(super) $key: Option<$raw>,)*
+            $(
+                #[serde(default, deserialize_with = "given")]
+                pub(super) $section: Option<$section_raw>,
+            )*
+            $(
+                #[serde(default, deserialize_with = "given")]
+                pub(super) $key: Option<$raw>,
+            )*
         }
 
         /// The sections as written, for the caller of [`RawConfig::build`] to build.
@@ -234,7 +240,7 @@ top_level! {
         /// The protocols a passed-through request may upgrade to, lower-cased; `h2c` is
         /// never one of them.
         upgrades: Vec<String> = vec!["websocket".to_owned()],
-            from Vec<String>, via build_upgrades, show strings, reload applies;
+            from Vec<Text>, via build_upgrades, show strings, reload applies;
         /// A client connection with no request open this long is closed (`GOAWAY` on
         /// HTTP/2).
         listen_idle_timeout: Duration = Duration::from_secs(60), from Dur, via typed,

@@ -71,7 +71,8 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
     let kind = raw.kind.map_or(StoreKind::Memory, |k| k.0);
     let explicit_cluster = raw.cluster.is_some_and(|c| c.0);
     // Each URL keeps the path of the key it came from, for error messages.
-    let urls: Vec<(String, String)> = match (raw.urls, raw.url) {
+    let (url, urls) = (raw.url.map(|url| url.0), raw.urls.map(Raw::typed));
+    let urls: Vec<(String, String)> = match (urls, url) {
         (Some(urls), _) if !urls.is_empty() => urls
             .into_iter()
             .enumerate()
@@ -99,7 +100,9 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         .transpose()?;
     let min_replicas = super::sentinel::min_replicas(raw.min_replicas.map(|c| c.0))?;
     super::sentinel::check(kind, cluster, sentinel.as_ref(), min_replicas)?;
-    let path = raw.path.unwrap_or_else(|| DEFAULT_FILE_PATH.to_owned());
+    let path = raw
+        .path
+        .map_or_else(|| DEFAULT_FILE_PATH.to_owned(), |path| path.0);
     if path.is_empty() {
         return Err(ConfigError::invalid(
             "store.path",
@@ -115,7 +118,9 @@ fn build_store(raw: RawStore) -> Result<StoreConfig, ConfigError> {
         kind,
         urls: urls.into_iter().map(|(_, url)| url).collect(),
         cluster,
-        key_prefix: raw.key_prefix.unwrap_or_else(|| "idemgate:".to_owned()),
+        key_prefix: raw
+            .key_prefix
+            .map_or_else(|| "idemgate:".to_owned(), |text| text.0),
         timeout: raw.timeout.map_or(Duration::from_secs(1), |d| d.0),
         on_unavailable: raw.on_unavailable.map_or(OnUnavailable::Reject, |o| o.0),
         max_entries,
@@ -159,7 +164,7 @@ fn only_keys_in_force(store: StoreConfig) -> StoreConfig {
 }
 
 fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
-    let token = match raw.token {
+    let token = match raw.token.map(|token| token.0) {
         None => None,
         Some(token) if token.trim().is_empty() => {
             return Err(ConfigError::invalid(

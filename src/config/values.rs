@@ -12,11 +12,11 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::units;
 use super::{
     ErrorFormat, EscapedSlashes, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome,
     OtlpProtocol, RouteMatch, StoreKind,
 };
+use super::{interp, units};
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
@@ -80,7 +80,21 @@ enum Scalar {
 }
 
 impl Scalar {
+    /// The value, `${VAR}` interpolated in a string (docs/behaviour.md §6).
     fn read<'de, D: Deserializer<'de>>(d: D, expecting: &'static str) -> Result<Scalar, D::Error> {
+        match Scalar::read_key(d, expecting)? {
+            Scalar::Str(text) => interp::expand(text)
+                .map(Scalar::Str)
+                .map_err(de::Error::custom),
+            other => Ok(other),
+        }
+    }
+
+    /// The value as written: keys are never interpolated.
+    fn read_key<'de, D: Deserializer<'de>>(
+        d: D,
+        expecting: &'static str,
+    ) -> Result<Scalar, D::Error> {
         d.deserialize_any(ScalarVisitor { expecting })
     }
 
@@ -143,6 +157,60 @@ impl Visitor<'_> for ScalarVisitor {
     fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
         Ok(Scalar::Str(v))
     }
+    fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+        Err(E::custom(NO_VALUE))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Scalar, E> {
+        Err(E::custom(NO_VALUE))
+    }
+}
+
+/// Why a key written without a value (or `null`) is refused: anywhere but where `null`
+/// means what it says (an admin listener off, a section left at its defaults), `serde`
+/// would read it as absent and quietly apply the default, so `ttl:` left empty would mean
+/// 24 hours. A key that is written must have a value.
+const NO_VALUE: &str = "has no value (an empty key, or null, is not its default); write a \
+                        value, or leave the key out for its default";
+
+/// A key of the file as written, for `#[serde(default, deserialize_with = "given")]`:
+/// `None` when it is left out, and when it is written `null` if that means its default
+/// ([`Null`]); otherwise `null` is refused ([`NO_VALUE`]).
+pub(super) fn given<'de, D: Deserializer<'de>, T: Deserialize<'de> + Null>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    match Option::<T>::deserialize(d)? {
+        None if !T::MEANS_DEFAULT => Err(de::Error::custom(NO_VALUE)),
+        read => Ok(read),
+    }
+}
+
+/// What `null` means for the value of a key: nothing, and it is refused, unless the key
+/// is a section (all of whose keys keep their defaults, as under `{}`) or a key whose
+/// default is none (no TLS files, no sentinels, no exporter), as `--check` and
+/// config/example.yaml write them.
+pub(super) trait Null {
+    const MEANS_DEFAULT: bool = false;
+}
+
+impl<T> Null for Vec<T> {}
+impl<T> Null for Pick<T> {}
+
+/// [`Null`] for the raw types, `null` refused or meaning the default.
+macro_rules! null {
+    (refused: $($refused:ty),*; default: $($default:ty),* $(,)?) => {
+        $(impl Null for $refused {})*
+        $(impl Null for $default {
+            const MEANS_DEFAULT: bool = true;
+        })*
+    };
+}
+pub(super) use null;
+
+null! {
+    refused: Dur, Lease, Size, Count, Ratio, WorkerCount, Flag, Addr, Header, Methods,
+        Status, UpstreamUrl, LogLevel, Text, CookieName, KeyFrom, HeaderPairs, Pointer,
+        ContentType;
+    default:
 }
 
 /// The longest duration any key takes (docs/behaviour.md §15): ten years as humantime
@@ -347,6 +415,19 @@ impl<'de> Deserialize<'de> for Header {
         let text = Scalar::read(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
         HeaderName::from_bytes(text.trim().as_bytes())
             .map(Header)
+            .map_err(|_| de::Error::custom(format!("invalid HTTP header name '{text}'")))
+    }
+}
+
+/// A header name as a key of a mapping, which is never interpolated.
+struct HeaderKey(HeaderName);
+
+impl<'de> Deserialize<'de> for HeaderKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTING: &str = "an HTTP header name";
+        let text = Scalar::read_key(d, EXPECTING)?.into_str::<D::Error>(EXPECTING)?;
+        HeaderName::from_bytes(text.trim().as_bytes())
+            .map(HeaderKey)
             .map_err(|_| de::Error::custom(format!("invalid HTTP header name '{text}'")))
     }
 }
@@ -720,7 +801,7 @@ impl<'de> Deserialize<'de> for HeaderPairs {
             }
             fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<HeaderPairs, A::Error> {
                 let mut pairs = Vec::new();
-                while let Some((name, value)) = map.next_entry::<Header, Text>()? {
+                while let Some((name, value)) = map.next_entry::<HeaderKey, Text>()? {
                     let value = HeaderValue::from_str(&value.0).map_err(|_| {
                         de::Error::custom(format!(
                             "'{}' is not a valid value for header {}",

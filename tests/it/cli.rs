@@ -60,7 +60,7 @@ async fn check_prints_the_effective_config_with_defaults_and_binds_nothing() {
             "no line {line:?} in:\n{yaml}"
         );
     }
-    let parsed: serde_yaml::Value = serde_yaml::from_str(yaml).expect("--check prints YAML");
+    let parsed: serde_json::Value = serde_saphyr::from_str(yaml).expect("--check prints YAML");
     assert_eq!(parsed["idempotency"]["ttl"], "24h", "{yaml}");
 }
 

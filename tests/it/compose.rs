@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use idemgate::config::{Config, StoreKind};
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
@@ -27,7 +27,7 @@ fn service<'a>(compose: &'a Value, name: &str) -> &'a Value {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_owned))
@@ -47,7 +47,8 @@ fn authority(url: &str) -> (String, u16) {
 
 #[test]
 fn compose_agrees_with_the_docker_config() {
-    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let compose: Value =
+        serde_saphyr::from_str(&read("docker-compose.yml")).expect("compose parses");
     let config =
         Config::from_yaml_str(&read("config/docker.yaml"), &|_| None).expect("docker.yaml parses");
 
@@ -110,7 +111,7 @@ fn compose_agrees_with_the_docker_config() {
     // Every service has a health check, and idemgate waits for healthy dependencies.
     for name in ["redis", "backend", "idemgate"] {
         assert!(
-            service(&compose, name)["healthcheck"]["test"].is_sequence(),
+            service(&compose, name)["healthcheck"]["test"].is_array(),
             "{name} has no healthcheck"
         );
     }
@@ -144,17 +145,18 @@ fn the_image_runs_as_a_non_root_user_and_ships_both_binaries() {
 /// The services that docker-compose.yml builds from the Dockerfile.
 fn built_here(compose: &Value) -> Vec<(String, &Value)> {
     compose["services"]
-        .as_mapping()
+        .as_object()
         .expect("services")
         .iter()
         .filter(|(_, svc)| svc["build"].as_str() == Some("."))
-        .map(|(name, svc)| (name.as_str().expect("name").to_owned(), svc))
+        .map(|(name, svc)| (name.clone(), svc))
         .collect()
 }
 
 #[test]
 fn the_services_built_here_run_read_only_as_non_root_without_capabilities() {
-    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let compose: Value =
+        serde_saphyr::from_str(&read("docker-compose.yml")).expect("compose parses");
     let built = built_here(&compose);
     assert_eq!(built.len(), 2, "backend and idemgate");
     for (name, svc) in built {
@@ -198,7 +200,8 @@ fn commands(script: &str) -> Vec<String> {
 
 #[test]
 fn health_checks_call_only_what_their_images_have() {
-    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let compose: Value =
+        serde_saphyr::from_str(&read("docker-compose.yml")).expect("compose parses");
     let stages = docker::stages(&read("Dockerfile"));
     let last = stages.last().expect("final stage");
     assert!(
@@ -216,12 +219,12 @@ fn health_checks_call_only_what_their_images_have() {
         .collect();
     assert!(copied.contains(&"idemgate".to_owned()), "{copied:?}");
 
-    for (name, svc) in compose["services"].as_mapping().expect("services") {
-        let name = name.as_str().expect("name");
+    for (name, svc) in compose["services"].as_object().expect("services") {
+        let name = name.as_str();
         if svc.get("healthcheck").is_none() {
             // Only a service nobody waits on to be healthy may go without one.
             let awaited = compose["services"]
-                .as_mapping()
+                .as_object()
                 .expect("services")
                 .values()
                 .any(|other| {
@@ -287,7 +290,8 @@ async fn run_health_check(test: &[String], from: (&str, &str), to: (u16, &str)) 
 
 #[tokio::test]
 async fn health_checks_pass_against_live_services_and_fail_otherwise() {
-    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let compose: Value =
+        serde_saphyr::from_str(&read("docker-compose.yml")).expect("compose parses");
     let backend_check = strings(&service(&compose, "backend")["healthcheck"]["test"]);
     let idemgate_check = strings(&service(&compose, "idemgate")["healthcheck"]["test"]);
     assert!(backend_check[3].contains("127.0.0.1/9000") && backend_check[3].contains("/healthz"));
@@ -334,8 +338,8 @@ async fn health_checks_pass_against_live_services_and_fail_otherwise() {
 #[test]
 fn the_image_declares_the_file_stores_directory_as_a_volume() {
     let dockerfile = read("Dockerfile");
-    let file: serde_yaml::Value =
-        serde_yaml::from_str(&read("config/file.yaml")).expect("config/file.yaml is YAML");
+    let file: serde_json::Value =
+        serde_saphyr::from_str(&read("config/file.yaml")).expect("config/file.yaml is YAML");
     let path = file["store"]["path"].as_str().expect("store.path");
     assert!(
         dockerfile
@@ -352,7 +356,8 @@ fn the_image_declares_the_file_stores_directory_as_a_volume() {
 /// and prints traces with the `debug` exporter.
 #[test]
 fn the_collector_receives_idemgates_spans_where_docker_yaml_sends_them() {
-    let compose: Value = serde_yaml::from_str(&read("docker-compose.yml")).expect("compose parses");
+    let compose: Value =
+        serde_saphyr::from_str(&read("docker-compose.yml")).expect("compose parses");
     let collector = service(&compose, "otel-collector");
     let image = collector["image"].as_str().expect("image");
     let (repo, tag) = image.split_once(':').expect("a tag");
@@ -376,7 +381,7 @@ fn the_collector_receives_idemgates_spans_where_docker_yaml_sends_them() {
         })
         .expect("the config is mounted");
     let otel: Value =
-        serde_yaml::from_str(&read(mounted.trim_start_matches("./"))).expect("collector config");
+        serde_saphyr::from_str(&read(mounted.trim_start_matches("./"))).expect("collector config");
 
     // Traces: OTLP in, debug out.
     let traces = &otel["service"]["pipelines"]["traces"];
@@ -389,7 +394,7 @@ fn the_collector_receives_idemgates_spans_where_docker_yaml_sends_them() {
         "{traces:?}"
     );
     assert!(
-        otel["exporters"]["debug"].is_mapping(),
+        otel["exporters"]["debug"].is_object(),
         "the debug exporter is defined"
     );
     for processor in strings(&traces["processors"]) {

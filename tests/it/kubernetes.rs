@@ -18,7 +18,7 @@ use kube::{
     Example, claim_mount, container, image_user, pod, pre_stop_sleep, quantity, seq, str_of,
     strings, yaml_files,
 };
-use serde_yaml::Value;
+use serde_json::Value;
 use support::bin::{TempConfig, idemgate, run};
 
 /// The oldest and the newest Kubernetes whose schemas `kubernetes-validate` ships that
@@ -146,7 +146,7 @@ fn assert_sidecar_in_front_of_the_app_and_locked_down(example: &Example) {
     let app = container(workload, "app");
 
     // The admin token comes from the Secret, through the environment, and only from it.
-    let raw: Value = serde_yaml::from_str(text).expect("config YAML");
+    let raw: Value = serde_saphyr::from_str(text).expect("config YAML");
     assert_eq!(
         raw["admin"]["token"].as_str(),
         Some(format!("${{{TOKEN_VAR}}}").as_str()),
@@ -265,8 +265,8 @@ fn assert_sidecar_in_front_of_the_app_and_locked_down(example: &Example) {
 
     // The Service selects these pods and targets idemgate's port, never the app's.
     let labels = &workload["spec"]["template"]["metadata"]["labels"];
-    for (k, v) in service["spec"]["selector"].as_mapping().expect("selector") {
-        assert_eq!(&labels[k.as_str().expect("label")], v);
+    for (k, v) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&labels[k.as_str()], v);
     }
     let targets: Vec<&Value> = seq(&service["spec"]["ports"], "ports")
         .iter()

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde_yaml::Value;
+use serde_json::Value;
 use support::TestClient;
 use support::bin::{LIMIT, Running, TempConfig, free_port};
 use tokio::io::AsyncWriteExt;
@@ -170,12 +170,13 @@ fn assert_exported(what: &str, exprs: &[String], exported: &Exported) {
 }
 
 fn alert_rules() -> Vec<Value> {
-    let rules: Value = serde_yaml::from_str(&read("deploy/prometheus/alerts.yaml")).expect("YAML");
+    let rules: Value =
+        serde_saphyr::from_str(&read("deploy/prometheus/alerts.yaml")).expect("YAML");
     rules["groups"]
-        .as_sequence()
+        .as_array()
         .expect("groups")
         .iter()
-        .flat_map(|g| g["rules"].as_sequence().expect("rules").clone())
+        .flat_map(|g| g["rules"].as_array().expect("rules").clone())
         .collect()
 }
 
@@ -249,13 +250,13 @@ async fn promtool_accepts_the_alert_rules_and_their_unit_tests_pass() {
 
     // Every alert has a unit test in which it fires.
     let tests: Value =
-        serde_yaml::from_str(&read("deploy/prometheus/alerts.test.yaml")).expect("YAML");
+        serde_saphyr::from_str(&read("deploy/prometheus/alerts.test.yaml")).expect("YAML");
     let firing: BTreeSet<&str> = tests["tests"]
-        .as_sequence()
+        .as_array()
         .expect("tests")
         .iter()
-        .flat_map(|t| t["alert_rule_test"].as_sequence().expect("alert_rule_test"))
-        .filter(|t| t["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty()))
+        .flat_map(|t| t["alert_rule_test"].as_array().expect("alert_rule_test"))
+        .filter(|t| t["exp_alerts"].as_array().is_some_and(|a| !a.is_empty()))
         .filter_map(|t| t["alertname"].as_str())
         .collect();
     for rule in alert_rules() {

@@ -551,7 +551,8 @@ fn enums_list_their_variants() {
     let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.kind");
     assert_eq!(
         message,
-        "store.kind: unknown variant 'postgres', expected one of memory, file, redis"
+        "store.kind: unknown variant 'postgres', expected one of memory, file, redis \
+         (line 4 column 9)"
     );
     let message = error_at(
         &with_minimal("store:\n  on_unavailable: ignore\n"),
@@ -559,14 +560,15 @@ fn enums_list_their_variants() {
     );
     assert_eq!(
         message,
-        "store.on_unavailable: unknown variant 'ignore', expected one of reject, pass_through"
+        "store.on_unavailable: unknown variant 'ignore', expected one of reject, pass_through \
+         (line 4 column 19)"
     );
     let message = error_at(
         &with_minimal("idempotency:\n  on_concurrent: queue\n"),
         "idempotency.on_concurrent",
     );
     assert!(
-        message.ends_with("expected one of reject, wait"),
+        message.ends_with("expected one of reject, wait (line 4 column 18)"),
         "{message}"
     );
     let message = error_at(
@@ -574,11 +576,14 @@ fn enums_list_their_variants() {
         "routes[0].on_unknown_outcome",
     );
     assert!(
-        message.ends_with("expected one of record, release"),
+        message.ends_with("expected one of record, release (line 5 column 25)"),
         "{message}"
     );
     let message = error_at(&with_minimal("log:\n  format: xml\n"), "log.format");
-    assert!(message.ends_with("expected one of text, json"), "{message}");
+    assert!(
+        message.ends_with("expected one of text, json (line 4 column 11)"),
+        "{message}"
+    );
     error_at(&with_minimal("store:\n  kind: 1\n"), "store.kind");
 }
 
@@ -754,11 +759,12 @@ fn a_missing_env_var_names_the_field_and_the_variable() {
         with_minimal("store:\n  kind: redis\n  url: redis://:${REDIS_PASSWORD}@cache:6379/0\n");
     let err = parse(&text).unwrap_err();
     assert!(
-        matches!(&err, ConfigError::MissingEnv { path, var } if path == "store.url" && var == "REDIS_PASSWORD")
+        matches!(&err, ConfigError::MissingEnv { path, var, .. } if path == "store.url" && var == "REDIS_PASSWORD")
     );
     assert_eq!(
         err.to_string(),
-        "store.url: environment variable REDIS_PASSWORD is not set (referenced as ${REDIS_PASSWORD})"
+        "store.url: environment variable REDIS_PASSWORD is not set (referenced as \
+         ${REDIS_PASSWORD}) (line 5 column 8)"
     );
     error_at(
         &with_minimal("routes:\n  - path: /a\n    scope_headers: [a, \"${X}\"]\n"),
@@ -773,9 +779,22 @@ fn a_missing_env_var_names_the_field_and_the_variable() {
 
 #[test]
 fn yaml_syntax_errors_give_a_position() {
+    let message = parse("upstream:\n  url: 'unclosed\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("line 2 column 8: invalid YAML"),
+        "{message}"
+    );
+    // The parser reads as it goes: an unclosed `[` where a URL belongs is refused as
+    // soon as it opens, as the wrong type, before the end of the file shows it unclosed.
     let message = parse("upstream:\n  url: [\n").unwrap_err().to_string();
-    assert!(message.starts_with("line "), "{message}");
-    let message = parse("key_prefix: idemgate:\n  x: y")
+    assert!(
+        message.starts_with("upstream.url: invalid type: sequence") && message.contains("(line 2 "),
+        "{message}"
+    );
+    // Under a key the configuration has, so that the parser reads as far as the value.
+    let message = parse("store:\n  key_prefix: idemgate:\n    x: y")
         .unwrap_err()
         .to_string();
     assert!(message.contains("invalid YAML"), "{message}");
@@ -784,7 +803,18 @@ fn yaml_syntax_errors_give_a_position() {
         message.starts_with("(top level): invalid type: sequence"),
         "{message}"
     );
-    let message = parse("a: 1\na: 2\n").unwrap_err().to_string();
+    // Keys the configuration has, which the parser reads as far as the second one.
+    let message = parse("listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.starts_with("listen: duplicate key") && message.ends_with("(line 2 column 1)"),
+        "{message}"
+    );
+    let message = error_at(
+        &with_minimal("routes:\n  - path: /a\n    ttl: 1h\n    ttl: 2h\n"),
+        "routes[0].ttl",
+    );
     assert!(message.contains("duplicate"), "{message}");
 }
 

@@ -5,30 +5,48 @@ use super::*;
 
 #[test]
 fn a_misspelt_key_is_refused_with_the_closest_known_one() {
-    for (text, path, suggestion) in [
+    for (text, path, suggestion, at) in [
         (
             "routes:\n  - path: /a\n    requried: true\n",
             "routes[0].requried",
             "required",
+            "line 5 column 5",
         ),
-        ("idempotency:\n  tll: 1h\n", "idempotency.tll", "ttl"),
+        (
+            "idempotency:\n  tll: 1h\n",
+            "idempotency.tll",
+            "ttl",
+            "line 4 column 3",
+        ),
         (
             "store:\n  kind: file\n  fsinc: false\n",
             "store.fsinc",
             "fsync",
+            "line 5 column 3",
         ),
-        ("listne: 127.0.0.1:1\n", "listne", "listen"),
-        ("log:\n  Level: warn\n", "log.Level", "level"),
+        (
+            "listne: 127.0.0.1:1\n",
+            "listne",
+            "listen",
+            "line 3 column 1",
+        ),
+        (
+            "log:\n  Level: warn\n",
+            "log.Level",
+            "level",
+            "line 4 column 3",
+        ),
         (
             "idempotency:\n  on-concurrent: wait\n",
             "idempotency.on-concurrent",
             "on_concurrent",
+            "line 4 column 3",
         ),
     ] {
         let message = error_at(&with_minimal(text), path);
         assert_eq!(
             message,
-            format!("{path}: unknown key; did you mean '{suggestion}'?"),
+            format!("{path}: unknown key; did you mean '{suggestion}'? ({at})"),
             "{text}"
         );
     }
@@ -81,13 +99,9 @@ fn null_is_kept_where_it_means_none() {
 fn printed_store_keys(text: &str) -> Vec<String> {
     let config = parse_ok(&with_minimal(text));
     let yaml = config.to_yaml();
-    let printed: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
-    let keys = printed["store"]
-        .as_mapping()
-        .unwrap()
-        .keys()
-        .map(|key| key.as_str().unwrap().to_owned())
-        .collect();
+    let printed = Tree::parse(&yaml);
+    let keys = printed.get("store").unwrap().keys();
+    let keys = keys.into_iter().map(str::to_owned).collect();
     // And it still loads back to the same configuration.
     assert_eq!(parse_ok(&yaml), config, "{yaml}");
     keys

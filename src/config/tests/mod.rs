@@ -100,6 +100,76 @@ fn with_secrets_filled(config: Config) -> Config {
     }
 }
 
+/// A YAML document's mappings, keys in file order, for the tests that look at which
+/// keys a file writes.
+#[derive(Debug)]
+enum Tree {
+    Map(Vec<(String, Tree)>),
+    Other,
+}
+
+impl Tree {
+    fn parse(text: &str) -> Tree {
+        serde_saphyr::from_str(text).unwrap_or_else(|err| panic!("{err}\n{text}"))
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        match self {
+            Tree::Map(entries) => entries.iter().map(|(k, _)| k.as_str()).collect(),
+            Tree::Other => Vec::new(),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&Tree> {
+        match self {
+            Tree::Map(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            Tree::Other => None,
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Tree {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Tree;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("YAML")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Tree::Map(entries))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Tree::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Tree, E> {
+                Ok(Tree::Other)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::read;
 use crate::support::bin::{TempConfig, idemgate, run};
@@ -108,21 +108,18 @@ telemetry:
 }
 
 /// A configuration key, as opposed to a header name used as a key of a value.
-fn is_key(key: &Value) -> bool {
-    key.as_str().is_some_and(|key| {
-        !key.is_empty()
-            && key
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    })
+fn is_key(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// Every key path of a printed configuration.
 fn walk(value: &Value, path: &str, keys: &mut BTreeSet<String>) {
     match value {
-        Value::Mapping(map) if !map.is_empty() && map.keys().all(is_key) => {
+        Value::Object(map) if !map.is_empty() && map.keys().all(|key| is_key(key)) => {
             for (key, value) in map {
-                let key = key.as_str().expect("a key is a string");
                 let path = match path {
                     "" => key.to_owned(),
                     _ => format!("{path}.{key}"),
@@ -131,8 +128,8 @@ fn walk(value: &Value, path: &str, keys: &mut BTreeSet<String>) {
                 keys.insert(path);
             }
         }
-        Value::Sequence(items) => {
-            for item in items.iter().filter(|item| item.is_mapping()) {
+        Value::Array(items) => {
+            for item in items.iter().filter(|item| item.is_object()) {
                 walk(item, &format!("{path}[]"), keys);
             }
         }
@@ -149,7 +146,7 @@ async fn printed_keys() -> BTreeSet<String> {
         let file = TempConfig::new(&yaml);
         let out = run(idemgate().arg("--config").arg(file.path()).arg("--check")).await;
         assert_eq!(out.code(), Some(0), "{}\n{yaml}", out.stderr);
-        let printed: Value = serde_yaml::from_str(&out.stdout).expect("--check prints YAML");
+        let printed: Value = serde_saphyr::from_str(&out.stdout).expect("--check prints YAML");
         walk(&printed, "", &mut keys);
     }
     keys

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use idemgate::config::Config;
-use serde_yaml::Value;
+use serde_json::Value;
 
 pub fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -25,8 +25,8 @@ pub fn objects(dir: &Path) -> HashMap<String, Value> {
     let mut out = HashMap::new();
     for file in yaml_files(dir) {
         let text = std::fs::read_to_string(&file).expect("read manifest");
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value: Value = serde::Deserialize::deserialize(doc).expect("YAML");
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("YAML");
+        for value in docs {
             let kind = value["kind"].as_str().expect("kind").to_owned();
             assert!(
                 out.insert(kind.clone(), value).is_none(),
@@ -56,7 +56,7 @@ pub fn str_of<'a>(v: &'a Value, what: &str) -> &'a str {
 }
 
 pub fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| {
             s.iter()
                 .filter_map(|x| x.as_str().map(str::to_owned))
@@ -66,7 +66,7 @@ pub fn strings(v: &Value) -> Vec<String> {
 }
 
 pub fn seq<'a>(v: &'a Value, what: &str) -> &'a [Value] {
-    v.as_sequence()
+    v.as_array()
         .unwrap_or_else(|| panic!("{what}: not a list: {v:?}"))
 }
 
@@ -86,7 +86,7 @@ pub const HOST_IP: &str = "192.0.2.10";
 pub fn container_env(c: &Value, secret: &Value) -> Vec<(String, String)> {
     let secret_name = str_of(&secret["metadata"]["name"], "Secret name");
     c["env"]
-        .as_sequence()
+        .as_array()
         .map(|env| {
             env.iter()
                 .map(|e| {
@@ -168,7 +168,7 @@ impl Example {
 
     pub fn secret_values(&self) -> Vec<&str> {
         self.objects["Secret"]["stringData"]
-            .as_mapping()
+            .as_object()
             .expect("Secret stringData")
             .values()
             .map(|v| str_of(v, "Secret value"))
@@ -215,8 +215,8 @@ pub fn image_user() -> (u64, u64) {
 pub fn claim_mount<'a>(example: &'a Example, c: &'a Value) -> (&'a Value, &'a Value) {
     let workload = example.workload();
     let claim = example.objects.get("PersistentVolumeClaim");
-    let volumes = pod(workload)["volumes"].as_sequence();
-    let templates = workload["spec"]["volumeClaimTemplates"].as_sequence();
+    let volumes = pod(workload)["volumes"].as_array();
+    let templates = workload["spec"]["volumeClaimTemplates"].as_array();
     let claimed: Vec<(&Value, &Value)> = seq(&c["volumeMounts"], "volumeMounts")
         .iter()
         .filter_map(|m| {
