@@ -3,9 +3,8 @@
 //! key. Kept apart from `validate.rs`, which builds the sections and calls `top.rs`, so
 //! that the two do not import each other.
 
-use super::sections::RawErrors;
-use super::values::{Count, Raw, Text, WorkerCount};
-use super::{ConfigError, ErrorFormat, ErrorsConfig, Workers};
+use super::values::{Count, Text, WorkerCount};
+use super::{ConfigError, ErrorsConfig, Workers};
 
 /// `max_connections`, `store.max_entries`: a count of at least 1.
 pub(super) fn at_least_one(count: Count, key: &str) -> Result<usize, ConfigError> {
@@ -34,32 +33,9 @@ pub(super) fn build_workers(raw: WorkerCount, key: &str) -> Result<Workers, Conf
         })
 }
 
-/// `format: template` needs a template that is JSON once filled in (docs/behaviour.md §16).
-pub(super) fn build_errors(raw: RawErrors, key: &str) -> Result<ErrorsConfig, ConfigError> {
-    let errors = raw.typed();
-    if errors.format == ErrorFormat::Template {
-        if errors.template.trim().is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{key}.template"),
-                "missing; format: template needs a template such as \
-                 '{\"error\":{\"code\":\"{slug}\",\"message\":\"{detail}\"}}'",
-            ));
-        }
-        // Filled in with values that need escaping, as real details may.
-        let filled = errors.fill(
-            "in-flight",
-            "https://idemgate.dev/problems/in-flight",
-            "Title \"quoted\"",
-            409,
-            "A detail with \"quotes\", a \\ and a\nnewline.",
-        );
-        if let Err(err) = serde_json::from_str::<serde_json::Value>(&filled) {
-            return Err(ConfigError::invalid(
-                format!("{key}.template"),
-                format!("is not valid JSON once filled in ({err}): {filled}"),
-            ));
-        }
-    }
+/// `errors`, checked as a whole.
+pub(super) fn build_errors(errors: ErrorsConfig, _key: &str) -> Result<ErrorsConfig, ConfigError> {
+    errors.check()?;
     Ok(errors)
 }
 

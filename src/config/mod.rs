@@ -47,7 +47,7 @@ pub use crate::idempotency::path::EscapedSlashes;
 pub use encryption::EncryptionKey;
 pub use policy::Policy;
 pub use reconcile::Reconcile;
-pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
+pub use sections::{ErrorFormat, ErrorsConfig, LogConfig, LogFormat, UpstreamConfig};
 pub use sentinel::SentinelConfig;
 pub use telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
@@ -90,14 +90,6 @@ pub enum RouteMatch {
     Exact,
     /// ASCII case is ignored, for upstreams that route that way.
     CaseInsensitive,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorFormat {
-    /// RFC 9457 problem+json.
-    Problem,
-    /// `errors.template`, filled in.
-    Template,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,12 +184,6 @@ impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AdminToken(***)")
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Why a configuration was refused.

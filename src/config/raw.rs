@@ -16,9 +16,9 @@ use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use super::sections::RawUpstream;
+use super::UpstreamConfig;
 use super::top::RawConfig;
-use super::values::{Addr, UpstreamUrl};
+use super::values::Addr;
 
 /// The whole file: a mapping of keys, or nothing at all (an empty file, or one of
 /// comments only, is a configuration with every key at its default).
@@ -54,9 +54,9 @@ impl RawConfig {
     pub(super) fn for_upstream(url: Uri, listen: Option<SocketAddr>) -> RawConfig {
         RawConfig {
             listen: listen.map(Addr),
-            upstream: Some(RawUpstream {
-                url: Some(UpstreamUrl(url)),
-                ..RawUpstream::default()
+            upstream: Some(UpstreamConfig {
+                url,
+                ..UpstreamConfig::default()
             }),
             ..RawConfig::default()
         }

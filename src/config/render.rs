@@ -26,7 +26,17 @@ pub(super) fn to_yaml(config: &Config) -> String {
     let mut root = Mapping::new();
     put(&mut root, "listen", config.listen.to_string());
 
-    put(&mut root, "upstream", config.upstream.to_mapping());
+    let upstream = &config.upstream;
+    let mut section = Mapping::new();
+    put(&mut section, "url", upstream_url(&upstream.url));
+    put(
+        &mut section,
+        "connect_timeout",
+        duration(&upstream.connect_timeout),
+    );
+    put(&mut section, "timeout", duration(&upstream.timeout));
+    put(&mut section, "tls", super::tls::render(&upstream.tls));
+    put(&mut root, "upstream", section);
 
     put(&mut root, "store", store(&config.store));
 
@@ -64,7 +74,10 @@ pub(super) fn to_yaml(config: &Config) -> String {
     put(&mut admin, "token", token);
     put(&mut root, "admin", admin);
 
-    put(&mut root, "log", config.log.to_mapping());
+    let mut log = Mapping::new();
+    put(&mut log, "format", choice(&config.log.format));
+    put(&mut log, "level", text(&config.log.level));
+    put(&mut root, "log", log);
 
     root.extend(config.keys_to_mapping());
 
@@ -295,7 +308,11 @@ pub(super) fn workers(workers: &Workers) -> Value {
 }
 
 pub(super) fn errors(errors: &ErrorsConfig) -> Value {
-    errors.to_mapping().into()
+    let mut map = Mapping::new();
+    put(&mut map, "format", choice(&errors.format));
+    put(&mut map, "template", text(&errors.template));
+    put(&mut map, "content_type", header_value(&errors.content_type));
+    map.into()
 }
 
 pub(super) fn text(value: &str) -> Value {

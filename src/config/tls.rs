@@ -14,15 +14,15 @@ use serde::de::{self, Deserializer};
 
 use super::render::{Mapping, Value};
 
-use super::values::{Null, Raw, Text, null};
+use super::values::Text;
 
-null! {
-    refused:;
-    default: RawTls,
-}
-
-/// The PEM files of `upstream.tls`, each with what it held.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The PEM files of `upstream.tls`, each with what it held; `null` is none.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    default,
+    expecting = "a mapping with ca_file, cert_file, key_file"
+)]
 pub struct UpstreamTls {
     /// Extra trust anchors, besides the system store.
     pub ca_file: Option<CertFile>,
@@ -113,29 +113,6 @@ impl<'de> Deserialize<'de> for KeyFile {
         Ok(KeyFile {
             path,
             key: Arc::new(key),
-        })
-    }
-}
-
-/// `upstream.tls` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a mapping with ca_file, cert_file, key_file"
-)]
-pub(super) struct RawTls {
-    pub(super) ca_file: Option<CertFile>,
-    pub(super) cert_file: Option<CertFile>,
-    pub(super) key_file: Option<KeyFile>,
-}
-
-impl Raw for RawTls {
-    type Typed = Option<UpstreamTls>;
-    fn typed(self) -> Option<UpstreamTls> {
-        Some(UpstreamTls {
-            ca_file: self.ca_file,
-            cert_file: self.cert_file,
-            key_file: self.key_file,
         })
     }
 }

@@ -37,7 +37,6 @@ use super::checks::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::policy::{RawPolicy, RawRoute};
 use super::render::{choice, count, duration, errors, size, strings, workers};
 use super::sections::{RawAdmin, RawStore};
-use super::sections::{RawErrors, RawLog, RawUpstream};
 use super::telemetry::{self, RawTelemetry, TelemetryConfig};
 use super::values::{Addr, Count, Dur, Pick, Raw, Size, Text, WorkerCount, given};
 use super::{
@@ -200,7 +199,7 @@ top_level! {
     sections {
         /// The proxy's address; `--listen` overrides it.
         listen: SocketAddr, from Addr, reload restart;
-        upstream: UpstreamConfig, from RawUpstream, reload applies;
+        upstream: UpstreamConfig, from UpstreamConfig, reload applies;
         store: StoreConfig, from RawStore, reload restart;
         /// The top-level `idempotency` section, as the default policy.
         idempotency: Policy, from RawPolicy, reload applies;
@@ -209,7 +208,7 @@ top_level! {
         /// The admin listener is bound at start-up; the token is read per request.
         admin: AdminConfig, from RawAdmin, reload { listen: restart, token: applies };
         /// The log format is chosen at start-up; the level is a filter reloaded in place.
-        log: LogConfig, from RawLog, reload { format: restart, level: applies };
+        log: LogConfig, from LogConfig, reload { format: restart, level: applies };
     }
     keys {
         /// How long in-flight work gets after SIGTERM.
@@ -232,7 +231,7 @@ top_level! {
         max_buffered_bytes: u64 = 256 << 20, from Size, via typed,
             show size, reload restart;
         /// The shape of the answers idemgate makes itself (docs/behaviour.md §16).
-        errors: ErrorsConfig = ErrorsConfig::default(), from RawErrors, via build_errors,
+        errors: ErrorsConfig = ErrorsConfig::default(), from ErrorsConfig, via build_errors,
             show errors, reload restart;
         /// What becomes of `%2F`, `%5C` and `\` in request paths.
         escaped_slashes: EscapedSlashes = EscapedSlashes::Reject,

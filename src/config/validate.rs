@@ -40,7 +40,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
         )?;
         Ok(Sections {
             listen: raw.listen.map_or(DEFAULT_LISTEN, |addr| addr.0),
-            upstream: build_upstream(raw.upstream.unwrap_or_default().typed())?,
+            upstream: build_upstream(raw.upstream.unwrap_or_default())?,
             store: build_store(raw.store.unwrap_or_default())?,
             idempotency,
             routes,
@@ -50,20 +50,8 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
     })
 }
 
-/// `upstream.tls` goes with an `https://` URL; its files were read while
-/// deserializing, and here they are put together once as the proxy will (without the
-/// system store), so that a key that does not fit its certificate is refused now.
 fn build_upstream(upstream: UpstreamConfig) -> Result<UpstreamConfig, ConfigError> {
-    if let Some(tls) = &upstream.tls {
-        if upstream.url.scheme_str() != Some("https") {
-            return Err(ConfigError::invalid(
-                "upstream.tls",
-                "applies to an https:// upstream.url only; remove it or use https://",
-            ));
-        }
-        super::tls::client_config(Some(tls), rustls::RootCertStore::empty())
-            .map_err(|(path, msg)| ConfigError::invalid(path, msg))?;
-    }
+    upstream.check()?;
     Ok(upstream)
 }
 

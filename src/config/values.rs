@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
 use super::{
-    ErrorFormat, EscapedSlashes, LogFormat, OnConcurrent, OnUnavailable, OnUnknownOutcome,
-    OtlpProtocol, RouteMatch, StoreKind,
+    EscapedSlashes, OnConcurrent, OnUnavailable, OnUnknownOutcome, OtlpProtocol, RouteMatch,
+    StoreKind,
 };
 use super::{interp, units};
 use crate::idempotency::fingerprint::BodyForm;
@@ -183,6 +183,36 @@ pub(super) fn given<'de, D: Deserializer<'de>, T: Deserialize<'de> + Null>(
         read => Ok(read),
     }
 }
+
+/// A key's value read as its form `F`, checked while it is read, for
+/// `#[serde(with = "As::<F>")]` on a field of a section; `null` is refused
+/// ([`NO_VALUE`]).
+pub(super) struct As<F>(std::marker::PhantomData<F>);
+
+impl<F: Raw> As<F> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<F::Typed, D::Error>
+    where
+        F: Deserialize<'de>,
+    {
+        match Option::<F>::deserialize(d)? {
+            Some(form) => Ok(form.typed()),
+            None => Err(de::Error::custom(NO_VALUE)),
+        }
+    }
+}
+
+/// A section that derives `Deserialize` itself: its own form.
+macro_rules! section_form {
+    ($($section:ty),* $(,)?) => {$(
+        impl Raw for $section {
+            type Typed = $section;
+            fn typed(self) -> $section {
+                self
+            }
+        }
+    )*};
+}
+pub(super) use section_form;
 
 /// What `null` means for the value of a key: nothing, and it is refused, unless the key
 /// is a section (all of whose keys keep their defaults, as under `{}`) or a key whose
@@ -631,10 +661,6 @@ impl Choice for OtlpProtocol {
         ("grpc", OtlpProtocol::Grpc),
     ];
 }
-impl Choice for LogFormat {
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("text", LogFormat::Text), ("json", LogFormat::Json)];
-}
 
 /// One of `T::CHOICES`, reported as `unknown variant 'x', expected one of a, b`.
 #[derive(Debug, Clone, Copy)]
@@ -875,12 +901,5 @@ impl Choice for RouteMatch {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("exact", RouteMatch::Exact),
         ("case_insensitive", RouteMatch::CaseInsensitive),
-    ];
-}
-
-impl Choice for ErrorFormat {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("problem", ErrorFormat::Problem),
-        ("template", ErrorFormat::Template),
     ];
 }
