@@ -27,7 +27,6 @@ mod render;
 mod scope_principal;
 mod sections;
 mod sentinel;
-mod telemetry;
 mod tls;
 mod top;
 mod units;
@@ -47,9 +46,11 @@ pub use crate::idempotency::path::EscapedSlashes;
 pub use encryption::EncryptionKey;
 pub use policy::Policy;
 pub use reconcile::Reconcile;
-pub use sections::{ErrorFormat, ErrorsConfig, LogConfig, LogFormat, UpstreamConfig};
+pub use sections::telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
+pub use sections::{
+    AdminConfig, AdminToken, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, UpstreamConfig,
+};
 pub use sentinel::SentinelConfig;
-pub use telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
 pub use top::{Config, RELOAD, Reload, ReloadKey};
 
@@ -156,34 +157,6 @@ pub struct Route {
     /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
     pub path: String,
     pub policy: Policy,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdminConfig {
-    pub listen: Option<SocketAddr>,
-    /// The bearer token `/keys` requires (docs/behaviour.md §13); without one, `/keys`
-    /// answers only on a loopback `listen`.
-    pub token: Option<AdminToken>,
-}
-
-/// `admin.token`: a credential, so never printed (`Debug` and `--check` show `***`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct AdminToken(String);
-
-impl AdminToken {
-    pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(***)")
-    }
 }
 
 /// Why a configuration was refused.

@@ -247,7 +247,7 @@ fn masked_notice(config: &Config) -> String {
         }
     }
     keys.extend(super::encryption::masked(&store.encryption));
-    keys.extend(super::telemetry::masked(&config.telemetry));
+    keys.extend(super::sections::telemetry::masked(&config.telemetry));
     if keys.is_empty() {
         return String::new();
     }

@@ -2,25 +2,35 @@
 //! key checked as it is read, its defaults and its checks. `store` and `admin` are
 //! still read through their raw forms here.
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use super::sentinel::RawSentinel;
-use super::values::{Addr, Count, Dur, Flag, Null, Pick, Raw, Text, given, null, section_form};
+use super::values::{Count, Dur, Flag, Null, Pick, Raw, Text, given, null, section_form};
 use super::{OnUnavailable, StoreKind};
 
+mod admin;
 mod errors;
 mod log;
+pub(super) mod telemetry;
 mod upstream;
 
+pub use admin::{AdminConfig, AdminToken};
 pub use errors::{ErrorFormat, ErrorsConfig};
 pub use log::{LogConfig, LogFormat};
 pub use upstream::UpstreamConfig;
 
-section_form!(LogConfig, UpstreamConfig, ErrorsConfig);
+section_form!(
+    LogConfig,
+    UpstreamConfig,
+    ErrorsConfig,
+    AdminConfig,
+    telemetry::TelemetryConfig,
+);
 
 null! {
     refused:;
-    default: RawStore, RawAdmin, LogConfig, UpstreamConfig, ErrorsConfig,
+    default: RawStore, LogConfig, UpstreamConfig, ErrorsConfig, AdminConfig,
+        telemetry::TelemetryConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -54,20 +64,4 @@ pub(super) struct RawStore {
     pub(super) encryption: Option<super::encryption::RawEncryption>,
     #[serde(default, deserialize_with = "given")]
     pub(super) max_entries_per_scope: Option<Count>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with listen and token")]
-pub(super) struct RawAdmin {
-    /// Outer `None`: key absent (default address); `Some(None)`: `listen: null`, which
-    /// disables the admin server.
-    #[serde(default, deserialize_with = "present")]
-    pub(super) listen: Option<Option<Addr>>,
-    /// `null` is no token, its default.
-    pub(super) token: Option<Text>,
-}
-
-/// Marks a key as present even when its value is `null`.
-fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Addr>>, D::Error> {
-    Option::<Addr>::deserialize(d).map(Some)
 }

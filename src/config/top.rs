@@ -36,8 +36,8 @@ use serde::Deserialize;
 use super::checks::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::policy::{RawPolicy, RawRoute};
 use super::render::{choice, count, duration, errors, size, strings, workers};
-use super::sections::{RawAdmin, RawStore};
-use super::telemetry::{self, RawTelemetry, TelemetryConfig};
+use super::sections::RawStore;
+use super::sections::telemetry::{self, TelemetryConfig};
 use super::values::{Addr, Count, Dur, Pick, Raw, Size, Text, WorkerCount, given};
 use super::{
     AdminConfig, ConfigError, ErrorsConfig, EscapedSlashes, LogConfig, Policy, Route, RouteMatch,
@@ -206,7 +206,7 @@ top_level! {
         /// Routes in file order; each carries its fully merged effective policy.
         routes: Vec<Route>, from Vec<RawRoute>, reload applies;
         /// The admin listener is bound at start-up; the token is read per request.
-        admin: AdminConfig, from RawAdmin, reload { listen: restart, token: applies };
+        admin: AdminConfig, from AdminConfig, reload { listen: restart, token: applies };
         /// The log format is chosen at start-up; the level is a filter reloaded in place.
         log: LogConfig, from LogConfig, reload { format: restart, level: applies };
     }
@@ -248,12 +248,20 @@ top_level! {
         listen_body_timeout: Duration = Duration::from_secs(30), from Dur, via typed,
             show duration, reload applies;
         /// Where traces go (docs/behaviour.md §20): no exporter by default.
-        telemetry: TelemetryConfig = TelemetryConfig::default(), from RawTelemetry,
-            via telemetry::build, show telemetry::render, reload applies;
+        telemetry: TelemetryConfig = TelemetryConfig::default(), from TelemetryConfig,
+            via checked_telemetry, show telemetry::render, reload applies;
     }
 }
 
 /// The check of a key any value of whose raw type is good.
 fn typed<R: Raw>(raw: R, _key: &str) -> Result<R::Typed, ConfigError> {
     Ok(raw.typed())
+}
+
+fn checked_telemetry(
+    telemetry: TelemetryConfig,
+    _key: &str,
+) -> Result<TelemetryConfig, ConfigError> {
+    telemetry.check()?;
+    Ok(telemetry)
 }

@@ -5,20 +5,19 @@ use std::time::Duration;
 
 use super::checks::at_least_one;
 use super::policy::RawRoute;
-use super::sections::{RawAdmin, RawStore};
+use super::sections::RawStore;
 use super::top::{RawConfig, Sections};
 use super::units;
 use super::values::{Choice, Raw};
 use super::{
-    AdminConfig, AdminToken, Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig,
-    StoreKind, UpstreamConfig, redact_url, url_secret_is_masked,
+    Config, ConfigError, OnUnavailable, Policy, Route, StoreConfig, StoreKind, UpstreamConfig,
+    redact_url, url_secret_is_masked,
 };
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::path::{self, EscapedSlashes};
 use crate::idempotency::source::KeySource;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
-const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 9901);
 const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
@@ -44,7 +43,7 @@ pub(super) fn build(raw: RawConfig) -> Result<Config, ConfigError> {
             store: build_store(raw.store.unwrap_or_default())?,
             idempotency,
             routes,
-            admin: build_admin(raw.admin.unwrap_or_default())?,
+            admin: raw.admin.unwrap_or_default(),
             log: raw.log.unwrap_or_default().typed(),
         })
     })
@@ -149,39 +148,6 @@ fn only_keys_in_force(store: StoreConfig) -> StoreConfig {
             ..store
         },
     }
-}
-
-fn build_admin(raw: RawAdmin) -> Result<AdminConfig, ConfigError> {
-    let token = match raw.token.map(|token| token.0) {
-        None => None,
-        Some(token) if token.trim().is_empty() => {
-            return Err(ConfigError::invalid(
-                "admin.token",
-                "must not be empty (leave it out to allow /keys on a loopback listen only)",
-            ));
-        }
-        Some(token) if token == super::MASK => {
-            return Err(ConfigError::invalid(
-                "admin.token",
-                "is '***', what --check prints in place of the token; write the token \
-                 itself, e.g. ${IDEMGATE_ADMIN_TOKEN}",
-            ));
-        }
-        Some(token) if token.chars().any(|c| !c.is_ascii_graphic()) => {
-            return Err(ConfigError::invalid(
-                "admin.token",
-                "must be visible ASCII without spaces (it is sent as a bearer token)",
-            ));
-        }
-        Some(token) => Some(AdminToken::new(token)),
-    };
-    Ok(AdminConfig {
-        listen: match raw.listen {
-            None => Some(DEFAULT_ADMIN),
-            Some(listen) => listen.map(|addr| addr.0),
-        },
-        token,
-    })
 }
 
 /// Checks `redis[s]://[user[:password]@]host[:port][/db][?params]` without echoing

@@ -12,10 +12,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::{
-    EscapedSlashes, OnConcurrent, OnUnavailable, OnUnknownOutcome, OtlpProtocol, RouteMatch,
-    StoreKind,
-};
+use super::{EscapedSlashes, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind};
 use super::{interp, units};
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
@@ -42,8 +39,10 @@ macro_rules! raw_newtypes {
         }
     )*};
 }
+pub(super) use raw_newtypes;
 
 raw_newtypes! {
+    Ratio => f64,
     Dur => Duration,
     Lease => Duration,
     Size => u64,
@@ -224,6 +223,7 @@ pub(super) trait Null {
 
 impl<T> Null for Vec<T> {}
 impl<T> Null for Pick<T> {}
+impl<V> Null for HeaderPairs<V> {}
 
 /// [`Null`] for the raw types, `null` refused or meaning the default.
 macro_rules! null {
@@ -238,7 +238,7 @@ pub(super) use null;
 
 null! {
     refused: Dur, Lease, Size, Count, Ratio, WorkerCount, Flag, Addr, Header, Methods,
-        Status, UpstreamUrl, LogLevel, Text, CookieName, KeyFrom, HeaderPairs, Pointer,
+        Status, UpstreamUrl, LogLevel, Text, CookieName, KeyFrom, Pointer,
         ContentType;
     default:
 }
@@ -655,12 +655,6 @@ impl Choice for OnUnknownOutcome {
         ("release", OnUnknownOutcome::Release),
     ];
 }
-impl Choice for OtlpProtocol {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("http/protobuf", OtlpProtocol::HttpProtobuf),
-        ("grpc", OtlpProtocol::Grpc),
-    ];
-}
 
 /// One of `T::CHOICES`, reported as `unknown variant 'x', expected one of a, b`.
 #[derive(Debug, Clone, Copy)]
@@ -813,34 +807,51 @@ impl<'de> Deserialize<'de> for QueryName {
     }
 }
 
-/// A map of header name to value (`replay_error_headers`), in file order.
+/// A map of header name to value (`replay_error_headers`, `telemetry.otlp.headers`), in
+/// file order, each value read as `V` (a [`Text`], or a secret that refuses the mask).
 #[derive(Debug, Clone)]
-pub(super) struct HeaderPairs(pub(super) Vec<(HeaderName, HeaderValue)>);
+pub(super) struct HeaderPairs<V = Text>(
+    pub(super) Vec<(HeaderName, HeaderValue)>,
+    std::marker::PhantomData<V>,
+);
 
-impl<'de> Deserialize<'de> for HeaderPairs {
+impl<'de, V: Deserialize<'de> + Into<String>> Deserialize<'de> for HeaderPairs<V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct PairsVisitor;
-        impl<'de> Visitor<'de> for PairsVisitor {
-            type Value = HeaderPairs;
+        struct PairsVisitor<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de> + Into<String>> Visitor<'de> for PairsVisitor<V> {
+            type Value = HeaderPairs<V>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a mapping of header name to value")
             }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<HeaderPairs, A::Error> {
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut pairs = Vec::new();
-                while let Some((name, value)) = map.next_entry::<HeaderKey, Text>()? {
-                    let value = HeaderValue::from_str(&value.0).map_err(|_| {
+                while let Some((name, value)) = map.next_entry::<HeaderKey, V>()? {
+                    let value: String = value.into();
+                    let value = HeaderValue::from_str(&value).map_err(|_| {
                         de::Error::custom(format!(
-                            "'{}' is not a valid value for header {}",
-                            value.0,
+                            "'{value}' is not a valid value for header {}",
                             name.0.as_str()
                         ))
                     })?;
                     pairs.push((name.0, value));
                 }
-                Ok(HeaderPairs(pairs))
+                Ok(HeaderPairs(pairs, std::marker::PhantomData))
             }
         }
-        d.deserialize_map(PairsVisitor)
+        d.deserialize_map(PairsVisitor(std::marker::PhantomData))
+    }
+}
+
+impl<V> Raw for HeaderPairs<V> {
+    type Typed = Vec<(HeaderName, HeaderValue)>;
+    fn typed(self) -> Self::Typed {
+        self.0
+    }
+}
+
+impl From<Text> for String {
+    fn from(text: Text) -> String {
+        text.0
     }
 }
 
@@ -883,7 +894,6 @@ impl<'de> Deserialize<'de> for ContentType {
 raw_newtypes! {
     Text => String,
     CookieName => String,
-    HeaderPairs => Vec<(HeaderName, HeaderValue)>,
     ContentType => HeaderValue,
     Pointer => JsonPointer,
     KeyFrom => Vec<KeySource>,

@@ -11,17 +11,13 @@
 //!     headers: {}                        # sent with every export; values are secrets
 //! ```
 
-use super::render::{Mapping, Value};
 use http::{HeaderName, HeaderValue, Uri};
 use serde::Deserialize;
+use serde::de::{self, Deserializer};
 
-use super::values::{Choice, HeaderPairs, Null, Pick, Ratio, Text, given, null};
-
-null! {
-    refused:;
-    default: RawTelemetry,
-}
-use super::{ConfigError, MASK};
+use crate::config::render::{Mapping, Value};
+use crate::config::values::{As, Choice, HeaderPairs, Pick, Ratio, Raw, Text, raw_newtypes};
+use crate::config::{ConfigError, MASK};
 
 /// How spans travel to the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,28 +28,60 @@ pub enum OtlpProtocol {
     Grpc,
 }
 
+impl Choice for OtlpProtocol {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("http/protobuf", OtlpProtocol::HttpProtobuf),
+        ("grpc", OtlpProtocol::Grpc),
+    ];
+}
+
 /// `telemetry`.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping with otlp")]
 pub struct TelemetryConfig {
-    /// The OTLP exporter; `None`: no traces.
+    /// The OTLP exporter; `None` (or `null`): no traces.
     pub otlp: Option<OtlpConfig>,
 }
 
 /// `telemetry.otlp`, checked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    default,
+    expecting = "a mapping with endpoint, protocol, service_name, sample_ratio, headers"
+)]
 pub struct OtlpConfig {
     /// `http://host:port`, with an optional base path; `https://` is refused, since the
     /// exporter is built without TLS (a collector runs beside idemgate, as an agent).
+    /// No default: `Uri::default()` is "not given", refused by
+    /// [`TelemetryConfig::check`].
+    #[serde(with = "As::<Endpoint>")]
     pub endpoint: Uri,
+    #[serde(with = "As::<Pick<OtlpProtocol>>")]
     pub protocol: OtlpProtocol,
     /// The `service.name` of the spans' resource.
+    #[serde(with = "As::<ServiceName>")]
     pub service_name: String,
     /// The share of traces that start at idemgate which are recorded; a request whose
     /// `traceparent` says sampled (or not) follows its parent.
+    #[serde(with = "As::<Ratio>")]
     pub sample_ratio: f64,
     /// Sent with every export (an API key, a tenant); values are marked sensitive, and
     /// printed `***` by `--check`.
+    #[serde(with = "As::<Headers>")]
     pub headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            endpoint: Uri::default(),
+            protocol: OtlpProtocol::HttpProtobuf,
+            service_name: "idemgate".to_owned(),
+            sample_ratio: 1.0,
+            headers: Vec::new(),
+        }
+    }
 }
 
 impl OtlpConfig {
@@ -71,76 +99,87 @@ impl OtlpConfig {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with otlp")]
-pub(super) struct RawTelemetry {
-    otlp: Option<RawOtlp>,
+impl TelemetryConfig {
+    /// `otlp` needs its `endpoint`, the one key without a default.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        match &self.otlp {
+            Some(otlp) if otlp.endpoint == Uri::default() => Err(ConfigError::invalid(
+                "telemetry.otlp.endpoint",
+                "missing; the collector's URL, such as http://127.0.0.1:4318 (http/protobuf) \
+                 or http://127.0.0.1:4317 (grpc)",
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a mapping with endpoint, protocol, service_name, sample_ratio, headers"
-)]
-struct RawOtlp {
-    #[serde(default, deserialize_with = "given")]
-    endpoint: Option<Text>,
-    #[serde(default, deserialize_with = "given")]
-    protocol: Option<Pick<OtlpProtocol>>,
-    #[serde(default, deserialize_with = "given")]
-    service_name: Option<Text>,
-    #[serde(default, deserialize_with = "given")]
-    sample_ratio: Option<Ratio>,
-    #[serde(default, deserialize_with = "given")]
-    headers: Option<HeaderPairs>,
+/// `endpoint`: an `http://` URL.
+struct Endpoint(Uri);
+
+impl<'de> Deserialize<'de> for Endpoint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Text(text) = Text::deserialize(d)?;
+        endpoint_url(&text)
+            .map(Endpoint)
+            .map_err(|message| de::Error::custom(format!("'{text}': {message}")))
+    }
 }
 
-/// `telemetry` checked: `key` is `telemetry`.
-pub(super) fn build(raw: RawTelemetry, key: &str) -> Result<TelemetryConfig, ConfigError> {
-    let Some(otlp) = raw.otlp else {
-        return Ok(TelemetryConfig::default());
-    };
-    let at = |name: &str| format!("{key}.otlp.{name}");
-    let Some(endpoint) = otlp.endpoint else {
-        return Err(ConfigError::invalid(
-            at("endpoint"),
-            "missing; the collector's URL, such as http://127.0.0.1:4318 (http/protobuf) \
-             or http://127.0.0.1:4317 (grpc)",
-        ));
-    };
-    let endpoint = endpoint_url(&endpoint.0).map_err(|message| {
-        ConfigError::invalid(at("endpoint"), format!("'{}': {message}", endpoint.0))
-    })?;
-    let service_name = match otlp.service_name {
-        None => "idemgate".to_owned(),
-        Some(Text(name)) if name.trim().is_empty() => {
-            return Err(ConfigError::invalid(
-                at("service_name"),
+/// `service_name`: not empty.
+struct ServiceName(String);
+
+impl<'de> Deserialize<'de> for ServiceName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Text(name) = Text::deserialize(d)?;
+        if name.trim().is_empty() {
+            return Err(de::Error::custom(
                 "is empty; it names idemgate in the traces (default idemgate)",
             ));
         }
-        Some(Text(name)) => name,
-    };
-    let mut headers = otlp.headers.map(|h| h.0).unwrap_or_default();
-    for (name, value) in &mut headers {
-        if value.as_bytes() == MASK.as_bytes() {
-            return Err(ConfigError::invalid(
-                format!("{}.{name}", at("headers")),
+        Ok(ServiceName(name))
+    }
+}
+
+/// A header value that is a secret: `***`, what `--check` prints in its place, is
+/// refused.
+struct SecretValue(String);
+
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Text(value) = Text::deserialize(d)?;
+        if value == MASK {
+            return Err(de::Error::custom(
                 "is '***', what --check prints in place of a header value; write the value \
                  (or ${VAR})",
             ));
         }
-        value.set_sensitive(true);
+        Ok(SecretValue(value))
     }
-    Ok(TelemetryConfig {
-        otlp: Some(OtlpConfig {
-            endpoint,
-            protocol: otlp.protocol.map_or(OtlpProtocol::HttpProtobuf, |p| p.0),
-            service_name,
-            sample_ratio: otlp.sample_ratio.map_or(1.0, |r| r.0),
-            headers,
-        }),
-    })
+}
+
+impl From<SecretValue> for String {
+    fn from(value: SecretValue) -> String {
+        value.0
+    }
+}
+
+/// `headers`, every value marked sensitive.
+struct Headers(Vec<(HeaderName, HeaderValue)>);
+
+impl<'de> Deserialize<'de> for Headers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut headers = HeaderPairs::<SecretValue>::deserialize(d)?.typed();
+        for (_, value) in &mut headers {
+            value.set_sensitive(true);
+        }
+        Ok(Headers(headers))
+    }
+}
+
+raw_newtypes! {
+    Endpoint => Uri,
+    ServiceName => String,
+    Headers => Vec<(HeaderName, HeaderValue)>,
 }
 
 /// An `http://host:port[/path]` URL, without query or fragment.
@@ -170,7 +209,7 @@ fn endpoint_url(text: &str) -> Result<Uri, String> {
 }
 
 /// `telemetry` as `--check` prints it: `otlp` with every key, header values as `***`.
-pub(super) fn render(telemetry: &TelemetryConfig) -> Value {
+pub(crate) fn render(telemetry: &TelemetryConfig) -> Value {
     let mut map = Mapping::new();
     let otlp = match &telemetry.otlp {
         None => Value::Null,
@@ -193,7 +232,7 @@ pub(super) fn render(telemetry: &TelemetryConfig) -> Value {
 }
 
 /// The paths `--check` printed as `***`, for its opening comment.
-pub(super) fn masked(telemetry: &TelemetryConfig) -> Vec<String> {
+pub(crate) fn masked(telemetry: &TelemetryConfig) -> Vec<String> {
     telemetry
         .otlp
         .iter()
