@@ -16,7 +16,6 @@
 //! `render` goes the other way for `--check`.
 
 mod checks;
-mod encryption;
 mod interp;
 mod key_format;
 mod parse;
@@ -26,7 +25,6 @@ mod reconcile;
 mod render;
 mod scope_principal;
 mod sections;
-mod sentinel;
 mod tls;
 mod top;
 mod units;
@@ -40,17 +38,17 @@ mod tests;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 pub use crate::idempotency::path::EscapedSlashes;
-pub use encryption::EncryptionKey;
 pub use policy::Policy;
 pub use reconcile::Reconcile;
+pub use sections::store::encryption::EncryptionKey;
+pub use sections::store::redis::SentinelConfig;
+pub use sections::store::{OnUnavailable, StoreConfig, StoreKind};
 pub use sections::telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
 pub use sections::{
     AdminConfig, AdminToken, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, UpstreamConfig,
 };
-pub use sentinel::SentinelConfig;
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
 pub use top::{Config, RELOAD, Reload, ReloadKey};
 
@@ -91,53 +89,6 @@ pub enum RouteMatch {
     Exact,
     /// ASCII case is ignored, for upstreams that route that way.
     CaseInsensitive,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    Memory,
-    /// The durable embedded store (docs/behaviour.md §12).
-    File,
-    Redis,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnUnavailable {
-    Reject,
-    PassThrough,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
-    pub kind: StoreKind,
-    /// Interpolated (`${VAR}`) URLs. `url` and `urls` merged: `urls` non-empty wins; default `redis://127.0.0.1:6379/0`.
-    ///
-    /// With `cluster` and no URL given the default seed is `redis://127.0.0.1:6379`,
-    /// because cluster URLs carry no database number. They may hold passwords: log
-    /// [`StoreConfig::redacted_urls`] instead.
-    pub urls: Vec<String>,
-    pub cluster: bool, // true when `cluster: true` or more than one URL
-    pub key_prefix: String,
-    pub timeout: Duration,
-    pub on_unavailable: OnUnavailable,
-    /// Memory and file stores: completed records beyond this are evicted oldest first.
-    pub max_entries: usize,
-    /// File store: the directory, created if missing.
-    pub path: PathBuf,
-    /// File store: flush every commit to stable storage.
-    pub fsync: bool,
-    /// Redis: find the master through these sentinels instead of `urls`
-    /// (docs/behaviour.md §14).
-    pub sentinel: Option<SentinelConfig>,
-    /// Redis and Sentinel: replicas that must acknowledge a claim (`WAIT`) before it is
-    /// forwarded, and a record before it is counted as replicated; 0 waits for none.
-    pub min_replicas: u32,
-    /// `store.encryption.keys` (docs/behaviour.md §17): the first seals, all open; empty
-    /// keeps records in clear.
-    pub encryption: Vec<EncryptionKey>,
-    /// Memory and file stores: completed records one scope may hold; past it the
-    /// scope's own oldest is evicted (docs/behaviour.md §17). `None`: no quota.
-    pub max_entries_per_scope: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,13 +263,6 @@ impl Config {
         self.routes
             .iter()
             .position(|route| prefix_matches(&route.path, path, self.route_match))
-    }
-}
-
-impl StoreConfig {
-    /// The store URLs with any password replaced by `***`, fit for logs and `--check`.
-    pub fn redacted_urls(&self) -> Vec<String> {
-        self.urls.iter().map(|url| redact_url(url)).collect()
     }
 }
 

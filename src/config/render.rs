@@ -182,11 +182,7 @@ fn store(store: &StoreConfig) -> Mapping {
             put(&mut map, "fsync", store.fsync);
         }
         StoreKind::Redis => {
-            put(
-                &mut map,
-                "sentinel",
-                super::sentinel::render(store.sentinel.as_ref()),
-            );
+            put(&mut map, "sentinel", sentinel(store.sentinel.as_ref()));
             put(&mut map, "min_replicas", u64::from(store.min_replicas));
         }
     }
@@ -194,10 +190,21 @@ fn store(store: &StoreConfig) -> Mapping {
         put(
             &mut map,
             "encryption",
-            super::encryption::render(&store.encryption),
+            super::sections::store::encryption::render(&store.encryption),
         );
     }
     map
+}
+
+/// `sentinel:` for `--check`: `null` when unset, passwords as `***`.
+fn sentinel(sentinel: Option<&super::SentinelConfig>) -> Value {
+    let Some(sentinel) = sentinel else {
+        return Value::Null;
+    };
+    let mut map = Mapping::new();
+    map.insert("master_name".into(), sentinel.master_name.as_str().into());
+    map.insert("urls".into(), sentinel.redacted_urls().into());
+    Value::Mapping(map)
 }
 
 /// `store.max_entries_per_scope`, when a quota is set (left out, there is none).
@@ -246,7 +253,9 @@ fn masked_notice(config: &Config) -> String {
             keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
         }
     }
-    keys.extend(super::encryption::masked(&store.encryption));
+    keys.extend(super::sections::store::encryption::masked(
+        &store.encryption,
+    ));
     keys.extend(super::sections::telemetry::masked(&config.telemetry));
     if keys.is_empty() {
         return String::new();

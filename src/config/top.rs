@@ -36,7 +36,6 @@ use serde::Deserialize;
 use super::checks::{at_least_one, build_errors, build_upgrades, build_workers};
 use super::policy::{RawPolicy, RawRoute};
 use super::render::{choice, count, duration, errors, size, strings, workers};
-use super::sections::RawStore;
 use super::sections::telemetry::{self, TelemetryConfig};
 use super::values::{Addr, Count, Dur, Pick, Raw, Size, Text, WorkerCount, given};
 use super::{
@@ -200,7 +199,7 @@ top_level! {
         /// The proxy's address; `--listen` overrides it.
         listen: SocketAddr, from Addr, reload restart;
         upstream: UpstreamConfig, from UpstreamConfig, reload applies;
-        store: StoreConfig, from RawStore, reload restart;
+        store: StoreConfig, from StoreConfig, reload restart;
         /// The top-level `idempotency` section, as the default policy.
         idempotency: Policy, from RawPolicy, reload applies;
         /// Routes in file order; each carries its fully merged effective policy.

@@ -12,7 +12,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::{EscapedSlashes, OnConcurrent, OnUnavailable, OnUnknownOutcome, RouteMatch, StoreKind};
+use super::{EscapedSlashes, OnConcurrent, OnUnknownOutcome, RouteMatch};
 use super::{interp, units};
 use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
@@ -31,7 +31,7 @@ pub(super) trait Raw {
 /// `Raw` for the newtypes of this module, which only wrap their typed value.
 macro_rules! raw_newtypes {
     ($($raw:ty => $typed:ty,)*) => {$(
-        impl Raw for $raw {
+        impl $crate::config::values::Raw for $raw {
             type Typed = $typed;
             fn typed(self) -> $typed {
                 self.0
@@ -42,6 +42,7 @@ macro_rules! raw_newtypes {
 pub(super) use raw_newtypes;
 
 raw_newtypes! {
+    AtLeastOne => usize,
     Ratio => f64,
     Dur => Duration,
     Lease => Duration,
@@ -200,10 +201,36 @@ impl<F: Raw> As<F> {
     }
 }
 
+/// [`As`] for a key that is `None` when left out (its default), and never `null`.
+pub(super) struct Opt<F>(std::marker::PhantomData<F>);
+
+impl<F: Raw> Opt<F> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<F::Typed>, D::Error>
+    where
+        F: Deserialize<'de>,
+    {
+        As::<F>::deserialize(d).map(Some)
+    }
+}
+
+/// A count of at least 1 (`max_connections`, `store.max_entries`).
+pub(super) struct AtLeastOne(usize);
+
+impl<'de> Deserialize<'de> for AtLeastOne {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Count(n) = Count::deserialize(d)?;
+        usize::try_from(n)
+            .ok()
+            .filter(|n| *n >= 1)
+            .map(AtLeastOne)
+            .ok_or_else(|| de::Error::custom("must be at least 1"))
+    }
+}
+
 /// A section that derives `Deserialize` itself: its own form.
 macro_rules! section_form {
     ($($section:ty),* $(,)?) => {$(
-        impl Raw for $section {
+        impl $crate::config::values::Raw for $section {
             type Typed = $section;
             fn typed(self) -> $section {
                 self
@@ -630,19 +657,6 @@ pub(super) trait Choice: Copy + PartialEq + 'static {
     }
 }
 
-impl Choice for StoreKind {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("memory", StoreKind::Memory),
-        ("file", StoreKind::File),
-        ("redis", StoreKind::Redis),
-    ];
-}
-impl Choice for OnUnavailable {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("reject", OnUnavailable::Reject),
-        ("pass_through", OnUnavailable::PassThrough),
-    ];
-}
 impl Choice for OnConcurrent {
     const CHOICES: &'static [(&'static str, Self)] = &[
         ("reject", OnConcurrent::Reject),
