@@ -15,20 +15,12 @@
 //!
 //! `render` goes the other way for `--check`.
 
-mod checks;
 mod interp;
-mod key_format;
 mod parse;
-mod policy;
-mod raw;
-mod reconcile;
 mod render;
-mod scope_principal;
 mod sections;
 mod tls;
-mod top;
 mod units;
-mod validate;
 mod values;
 
 #[cfg(test)]
@@ -40,56 +32,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use crate::idempotency::path::EscapedSlashes;
-pub use policy::Policy;
-pub use reconcile::Reconcile;
+pub use sections::policy::reconcile::Reconcile;
 pub use sections::store::encryption::EncryptionKey;
 pub use sections::store::redis::SentinelConfig;
 pub use sections::store::{OnUnavailable, StoreConfig, StoreKind};
 pub use sections::telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
 pub use sections::{
-    AdminConfig, AdminToken, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, UpstreamConfig,
+    AdminConfig, AdminToken, Config, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, Policy,
+    RELOAD, Reload, ReloadKey, Route, RouteMatch, UpstreamConfig, Workers,
 };
 pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
-pub use top::{Config, RELOAD, Reload, ReloadKey};
-
-/// `workers`: each worker is one thread with its own runtime, listener socket
-/// (`SO_REUSEPORT`), upstream connections and Redis connection, so a request is served
-/// start to end on one thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workers {
-    /// One per CPU the process may use (its affinity and cgroup quota included).
-    Auto,
-    Count(std::num::NonZeroUsize),
-    /// One multi-threaded runtime (a thread per CPU) whose threads take each other's
-    /// work, on one listener, one upstream pool and one Redis connection.
-    Shared,
-}
-
-impl Workers {
-    /// The most workers a configuration may ask for.
-    pub const MAX: usize = 1024;
-
-    /// How many workers own connections: 1 when `shared`, as one runtime owns them all.
-    /// `auto` is counted once per process, so that the listeners, the upstream pools
-    /// (made again by a reload) and the Redis connections always agree.
-    pub fn resolve(self) -> usize {
-        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        match self {
-            Workers::Auto => {
-                *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
-            }
-            Workers::Count(n) => n.get(),
-            Workers::Shared => 1,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteMatch {
-    Exact,
-    /// ASCII case is ignored, for upstreams that route that way.
-    CaseInsensitive,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnConcurrent {
@@ -101,13 +53,6 @@ pub enum OnConcurrent {
 pub enum OnUnknownOutcome {
     Record,
     Release,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
-    pub path: String,
-    pub policy: Policy,
 }
 
 /// Why a configuration was refused.
@@ -187,8 +132,8 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let raw::File(raw) = parse::document(text, env)?;
-        validate::build(raw).map_err(|err| err.located(text))
+        let sections::top::File(config) = parse::document(text, env)?;
+        config.build().map_err(|err| err.located(text))
     }
 
     /// Reads and parses a file, resolving `${VAR}` from the process environment.
@@ -219,7 +164,7 @@ impl Config {
     pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
         let url = values::parse_upstream_url(url)
             .map_err(|msg| ConfigError::invalid("--upstream", msg))?;
-        validate::build(top::RawConfig::for_upstream(url, listen))
+        Config::with_upstream(url, listen).build()
     }
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
@@ -233,54 +178,6 @@ impl Config {
     pub fn to_yaml(&self) -> String {
         render::to_yaml(self)
     }
-
-    /// Whether any route (or the default policy) lets duplicates wait for the owner.
-    pub fn uses_wait(&self) -> bool {
-        std::iter::once(&self.idempotency)
-            .chain(self.routes.iter().map(|r| &r.policy))
-            .any(|p| p.on_concurrent == OnConcurrent::Wait)
-    }
-
-    /// Index of the first route (file order) whose prefix matches `path` segment-wise;
-    /// `None` means the top-level `idempotency` policy applies.
-    ///
-    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
-    /// matches every path. A query string, if one is passed, is ignored. Overlapping
-    /// routes are allowed; a route listed after one that covers it never applies,
-    /// exactly as "first match wins" says.
-    /// The largest `max_response_body` of any policy: the most an operator's resolution
-    /// of an unknown outcome may record (docs/behaviour.md §18), since a record id does
-    /// not say which policy wrote it.
-    pub fn largest_response_body(&self) -> u64 {
-        self.routes
-            .iter()
-            .map(|route| route.policy.max_response_body)
-            .fold(self.idempotency.max_response_body, u64::max)
-    }
-
-    pub fn route_index(&self, path: &str) -> Option<usize> {
-        let path = path.split_once('?').map_or(path, |(path, _query)| path);
-        self.routes
-            .iter()
-            .position(|route| prefix_matches(&route.path, path, self.route_match))
-    }
-}
-
-/// Whether route prefix `prefix` (normalised) covers request path `path`, comparing
-/// whole segments.
-fn prefix_matches(prefix: &str, path: &str, mode: RouteMatch) -> bool {
-    if prefix == "/" {
-        return true;
-    }
-    let Some(head) = path.get(..prefix.len()) else {
-        return false;
-    };
-    let same = match mode {
-        RouteMatch::Exact => head == prefix,
-        RouteMatch::CaseInsensitive => head.eq_ignore_ascii_case(prefix),
-    };
-    let rest = &path[prefix.len()..];
-    same && (rest.is_empty() || rest.starts_with('/'))
 }
 
 /// What `--check` prints in place of a secret. Loading refuses it as the value of a

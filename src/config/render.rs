@@ -79,7 +79,34 @@ pub(super) fn to_yaml(config: &Config) -> String {
     put(&mut log, "level", text(&config.log.level));
     put(&mut root, "log", log);
 
-    root.extend(config.keys_to_mapping());
+    put(
+        &mut root,
+        "shutdown_timeout",
+        duration(&config.shutdown_timeout),
+    );
+    put(&mut root, "route_match", choice(&config.route_match));
+    let timeout = duration(&config.listen_header_timeout);
+    put(&mut root, "listen_header_timeout", timeout);
+    put(&mut root, "max_connections", count(&config.max_connections));
+    put(&mut root, "workers", workers(&config.workers));
+    put(
+        &mut root,
+        "max_buffered_bytes",
+        size(&config.max_buffered_bytes),
+    );
+    put(&mut root, "errors", errors(&config.errors));
+    put(
+        &mut root,
+        "escaped_slashes",
+        choice(&config.escaped_slashes),
+    );
+    put(&mut root, "upgrades", strings(&config.upgrades));
+    let timeout = duration(&config.listen_idle_timeout);
+    put(&mut root, "listen_idle_timeout", timeout);
+    let timeout = duration(&config.listen_body_timeout);
+    put(&mut root, "listen_body_timeout", timeout);
+    let telemetry = super::sections::telemetry::render(&config.telemetry);
+    put(&mut root, "telemetry", telemetry);
 
     let mut root = Value::Mapping(root);
     escape_interpolation(&mut root);

@@ -12,9 +12,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::{EscapedSlashes, OnConcurrent, OnUnknownOutcome, RouteMatch};
 use super::{interp, units};
-use crate::idempotency::fingerprint::BodyForm;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::KeySource;
 
@@ -43,6 +41,7 @@ pub(super) use raw_newtypes;
 
 raw_newtypes! {
     AtLeastOne => usize,
+    Addr => SocketAddr,
     Ratio => f64,
     Dur => Duration,
     Lease => Duration,
@@ -198,6 +197,64 @@ impl<F: Raw> As<F> {
             Some(form) => Ok(form.typed()),
             None => Err(de::Error::custom(NO_VALUE)),
         }
+    }
+}
+
+/// [`As`] for a key where `null` means its default: a section (all of whose keys keep
+/// their defaults, as under `{}`).
+pub(super) struct OrDefault<F>(std::marker::PhantomData<F>);
+
+impl<F: Raw> OrDefault<F>
+where
+    F::Typed: Default,
+{
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<F::Typed, D::Error>
+    where
+        F: Deserialize<'de>,
+    {
+        Ok(Option::<F>::deserialize(d)?
+            .map(Raw::typed)
+            .unwrap_or_default())
+    }
+}
+
+/// What a section holds as written until the configuration is built from it, and
+/// never after: a built configuration compares and clones without it.
+pub(crate) struct Pending<T>(pub(super) Option<T>);
+
+impl<T> Pending<T> {
+    pub(super) fn take(&mut self) -> Option<T> {
+        self.0.take()
+    }
+}
+
+impl<T> Default for Pending<T> {
+    fn default() -> Self {
+        Pending(None)
+    }
+}
+
+impl<T> Clone for Pending<T> {
+    fn clone(&self) -> Self {
+        Pending(None)
+    }
+}
+
+impl<T> PartialEq for Pending<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> fmt::Debug for Pending<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Pending<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(d).map(|value| Pending(Some(value)))
     }
 }
 
@@ -657,19 +714,6 @@ pub(super) trait Choice: Copy + PartialEq + 'static {
     }
 }
 
-impl Choice for OnConcurrent {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("reject", OnConcurrent::Reject),
-        ("wait", OnConcurrent::Wait),
-    ];
-}
-impl Choice for OnUnknownOutcome {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("record", OnUnknownOutcome::Record),
-        ("release", OnUnknownOutcome::Release),
-    ];
-}
-
 /// One of `T::CHOICES`, reported as `unknown variant 'x', expected one of a, b`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Pick<T>(pub(super) T);
@@ -883,11 +927,6 @@ impl<'de> Deserialize<'de> for Pointer {
     }
 }
 
-impl Choice for BodyForm {
-    const CHOICES: &'static [(&'static str, Self)] =
-        &[("raw", BodyForm::Raw), ("json", BodyForm::Json)];
-}
-
 /// A `Content-Type` value.
 #[derive(Debug, Clone)]
 pub(super) struct ContentType(pub(super) HeaderValue);
@@ -911,19 +950,4 @@ raw_newtypes! {
     ContentType => HeaderValue,
     Pointer => JsonPointer,
     KeyFrom => Vec<KeySource>,
-}
-
-impl Choice for EscapedSlashes {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("reject", EscapedSlashes::Reject),
-        ("decode", EscapedSlashes::Decode),
-        ("keep", EscapedSlashes::Keep),
-    ];
-}
-
-impl Choice for RouteMatch {
-    const CHOICES: &'static [(&'static str, Self)] = &[
-        ("exact", RouteMatch::Exact),
-        ("case_insensitive", RouteMatch::CaseInsensitive),
-    ];
 }

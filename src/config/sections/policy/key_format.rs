@@ -8,16 +8,16 @@
 
 use std::fmt;
 
-use super::render::{Mapping, Value};
+use crate::config::render::{Mapping, Value};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use super::values::{Raw, Text};
+use crate::config::values::{Raw, Text};
 use crate::idempotency::format::{KeyFormat, KeyPattern};
 
 /// `key_format` as written.
 #[derive(Debug, Clone)]
-pub(super) struct RawKeyFormat(KeyFormat);
+pub(crate) struct RawKeyFormat(KeyFormat);
 
 impl Raw for RawKeyFormat {
     type Typed = KeyFormat;
@@ -73,7 +73,7 @@ impl<'de> Visitor<'de> for FormatVisitor {
 }
 
 /// `key_format` as the file writes it.
-pub(super) fn show(format: &KeyFormat) -> Value {
+pub(crate) fn show(format: &KeyFormat) -> Value {
     if let KeyFormat::Regex(pattern) = format {
         let mut map = Mapping::new();
         map.insert("regex".into(), pattern.as_str().into());

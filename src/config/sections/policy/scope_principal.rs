@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::render::{Mapping, Value};
+use crate::config::render::{Mapping, Value};
 use http::{Uri, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use super::MASK;
-use super::render::{duration, header_name};
-use super::values::{Dur, Flag, Header, Null, Raw, Text, given, null};
+use crate::config::MASK;
+use crate::config::render::{duration, header_name};
+use crate::config::values::{Dur, Flag, Header, Null, Raw, Text, given, null};
 
 null! {
     refused: RawJwt, JwksFile, JwksUrl, SecretText;
@@ -26,7 +26,7 @@ use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secre
 
 /// `scope_principal` as written: exactly one of its three sources.
 #[derive(Debug, Clone)]
-pub(super) struct RawScopePrincipal(ScopePrincipal);
+pub(crate) struct RawScopePrincipal(ScopePrincipal);
 
 impl Raw for RawScopePrincipal {
     type Typed = Option<ScopePrincipal>;
@@ -198,7 +198,7 @@ impl<'de> Deserialize<'de> for SecretText {
 }
 
 /// `scope_principal` for `--check`: `null` when unset, the secret as `***`.
-pub(super) fn show(source: &Option<ScopePrincipal>) -> Value {
+pub(crate) fn show(source: &Option<ScopePrincipal>) -> Value {
     let Some(source) = source else {
         return Value::Null;
     };

@@ -24,22 +24,25 @@
 
 use std::time::Duration;
 
-use super::render::Mapping;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
 
-use super::key_format::{self, RawKeyFormat};
-use super::reconcile::{self, RawReconcile, Reconcile};
-use super::render::{
-    choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
-    size, statuses, strings,
+mod key_format;
+pub(crate) mod reconcile;
+mod scope_principal;
+
+use self::key_format::RawKeyFormat;
+use self::reconcile::{RawReconcile, Reconcile};
+use self::scope_principal::RawScopePrincipal;
+use crate::config::render::{
+    Mapping, choice, duration, flag, header_name, header_pairs, headers, key_sources, methods,
+    pointers, size, statuses, strings,
 };
-use super::scope_principal::{self, RawScopePrincipal};
-use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Null, Pick, Pointer, Raw,
-    Size, Status, Text, given, null,
+use crate::config::values::{
+    Choice, CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Null, Pick,
+    Pointer, Raw, Size, Status, Text, given, null,
 };
-use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
+use crate::config::{ConfigError, OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
 use crate::idempotency::format::KeyFormat;
 use crate::idempotency::key::ByPrincipal;
@@ -85,7 +88,7 @@ macro_rules! policy_keys {
         /// The top-level `idempotency` section as written.
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(super) struct RawPolicy {
+        pub(crate) struct RawPolicy {
             #[serde(default, deserialize_with = "given")]
             header: Option<Header>,
             $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
@@ -94,7 +97,7 @@ macro_rules! policy_keys {
         /// A `routes[]` entry as written: its path prefix and its policy keys.
         #[derive(Debug, Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(super) struct RawRoute {
+        pub(crate) struct RawRoute {
             #[serde(default, deserialize_with = "given")]
             path: Option<Text>,
             $(#[serde(default, deserialize_with = "given")] $route_key: Option<$route_raw>,)*
@@ -122,7 +125,7 @@ macro_rules! policy_keys {
         impl RawRoute {
             /// The route's path prefix (`None` if missing) and its effective policy:
             /// `base` with the keys written here replaced.
-            pub(super) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
+            pub(crate) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
                 let mut policy = base.clone();
                 $(if let Some(value) = self.$route_key {
                     policy.$route_key = value.typed();
@@ -287,13 +290,13 @@ fn one_spelling<H, K>(
 }
 
 impl RawPolicy {
-    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+    pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
 }
 
 impl RawRoute {
-    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+    pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
 }
@@ -303,14 +306,14 @@ impl Policy {
     /// from `base`, since the route inherits the rest. Sources that are one header are
     /// printed in the short form, `header: X`, as the default is written
     /// (docs/behaviour.md §6).
-    pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
+    pub(in crate::config) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
         let mut keys = self.keys_to_mapping(base);
         // Unset is written by leaving the key out (`null` is refused, as for any key);
         // a route cannot unset what it inherits, so this loses nothing.
         for optional in ["scope_principal", "reconcile"] {
             if keys
                 .get(optional)
-                .is_some_and(super::render::Value::is_null)
+                .is_some_and(crate::config::render::Value::is_null)
             {
                 keys.remove(optional);
             }
@@ -451,6 +454,85 @@ impl Policy {
             ignore: &self.fingerprint_ignore,
         }
     }
+}
+
+/// The checks of key sources and fingerprints that involve two keys
+/// (docs/behaviour.md §9, §10), on the merged policy, so that a route is refused for a
+/// combination it inherits half of too.
+impl Policy {
+    pub(crate) fn check(&self, section: &str) -> Result<(), ConfigError> {
+        check_window(self, section)?;
+        check_fingerprint(self, section)?;
+        check_streaming(self, section)
+    }
+}
+
+/// A streamed body is one over `max_request_body` and at most `max_streamed_body`
+/// (docs/behaviour.md §19): a smaller `max_streamed_body` would leave no body to stream.
+fn check_streaming(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.stream_request_body && policy.max_streamed_body < policy.max_request_body {
+        return Err(ConfigError::invalid(
+            format!("{section}.max_streamed_body"),
+            format!(
+                "{} is smaller than max_request_body ({}); a streamed body is one larger \
+                 than max_request_body",
+                policy.max_streamed_body, policy.max_request_body
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A `fingerprint` source keeps its records for its window instead of `ttl`, and no
+/// longer (docs/behaviour.md §9).
+fn check_window(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    for (index, source) in policy.key_from.iter().enumerate() {
+        if let KeySource::Fingerprint(window) = source
+            && *window > policy.ttl
+        {
+            return Err(ConfigError::invalid(
+                format!("{section}.key_from[{index}].fingerprint"),
+                format!(
+                    "window {} is longer than ttl {}; the window must be no longer than ttl",
+                    crate::config::units::format_duration(*window),
+                    crate::config::units::format_duration(policy.ttl)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `fingerprint_ignore` points into JSON, which `fingerprint_body: raw` never reads
+/// (docs/behaviour.md §10).
+fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.fingerprint_body == BodyForm::Raw && !policy.fingerprint_ignore.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{section}.fingerprint_ignore"),
+            "needs fingerprint_body: json; with raw the body is hashed byte for byte and \
+             no pointer can leave a part of it out",
+        ));
+    }
+    Ok(())
+}
+
+impl Choice for OnConcurrent {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("reject", OnConcurrent::Reject),
+        ("wait", OnConcurrent::Wait),
+    ];
+}
+
+impl Choice for OnUnknownOutcome {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("record", OnUnknownOutcome::Record),
+        ("release", OnUnknownOutcome::Release),
+    ];
+}
+
+impl Choice for BodyForm {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("raw", BodyForm::Raw), ("json", BodyForm::Json)];
 }
 
 #[cfg(test)]

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use super::render::{Mapping, Value};
+use crate::config::render::{Mapping, Value};
 use http::{HeaderName, Method, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use super::render::{duration, header_name};
-use super::values::{Count, Dur, Header, Raw, Text, given};
+use crate::config::render::{duration, header_name};
+use crate::config::values::{Count, Dur, Header, Raw, Text, given};
 
 /// The lookup, as a policy has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,7 +86,7 @@ fn percent_encoded(key: &str, dots: bool) -> String {
 
 /// `reconcile` as written.
 #[derive(Debug, Clone)]
-pub(super) struct RawReconcile(Reconcile);
+pub(crate) struct RawReconcile(Reconcile);
 
 impl Raw for RawReconcile {
     type Typed = Option<Reconcile>;
@@ -182,7 +182,7 @@ fn check_path(path: &str) -> Result<(), String> {
 }
 
 /// `reconcile` for `--check`: `null` when unset.
-pub(super) fn show(reconcile: &Option<Reconcile>) -> Value {
+pub(crate) fn show(reconcile: &Option<Reconcile>) -> Value {
     let Some(r) = reconcile else {
         return Value::Null;
     };
