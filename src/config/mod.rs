@@ -1,35 +1,37 @@
-//! Typed, validated configuration.
+//! Typed, validated configuration, by section (one file each under `sections/`: its
+//! struct, defaults, checks and reload class).
 //!
-//! Loading runs in three steps, each in its own file, so that every error can name the
-//! field it is about and its line:
+//! Loading reads the text once, so that every error can name the field it is about and
+//! its line:
 //!
 //! 1. `parse` has the YAML parser read the text, within its limits
-//!    (docs/behaviour.md §15), straight into `raw`'s structs, which deny unknown keys;
-//! 2. while it reads, `values` parses units, enums and addresses, with `interp`
+//!    (docs/behaviour.md §15), straight into the sections' structs, which deny unknown
+//!    keys;
+//! 2. while it reads, each key's form (`types`) checks its value, with `interp`
 //!    replacing `${VAR}` in every string value (`$${` is a literal `${`), and
-//!    `serde_path_to_error` recording where each one was (`policy` declares the keys
-//!    that `idempotency` and `routes[]` share, `sections` those of `upstream`, `errors`
-//!    and `log`, and `top` the top-level keys and the reload class of every key, once
-//!    each);
-//! 3. `validate` applies defaults and the checks that span several keys.
+//!    `serde_path_to_error` recording where each one was;
+//! 3. [`Config`]'s `build` applies the rules that span keys.
 //!
-//! `render` goes the other way for `--check`.
+//! `--check` prints the same structs through serde, each key by the same form.
 
 mod interp;
 mod parse;
-mod render;
 mod sections;
 mod tls;
-mod units;
-mod values;
+mod types;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests;
 
 use std::io::Read;
+
+use crate::principal::{BasicPrincipal, JwtKeys, ScopePrincipal};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use types::secret::{MASK, url_secret};
+#[cfg(test)]
+use types::secret::{mask_url, redact_url};
 
 pub use crate::idempotency::path::EscapedSlashes;
 pub use sections::policy::reconcile::Reconcile;
@@ -162,7 +164,7 @@ impl Config {
     ///
     /// A bad URL is reported under the path `--upstream`, the flag the operator typed.
     pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
-        let url = values::parse_upstream_url(url)
+        let url = types::http::parse_upstream_url(url)
             .map_err(|msg| ConfigError::invalid("--upstream", msg))?;
         Config::with_upstream(url, listen).build()
     }
@@ -176,55 +178,125 @@ impl Config {
     /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
     /// Routes print only the keys in which they differ from `idempotency`.
     pub fn to_yaml(&self) -> String {
-        render::to_yaml(self)
+        let yaml = serde_saphyr::to_string(self)
+            .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
+        format!(
+            "{}{}{}{yaml}",
+            masked_notice(self),
+            streaming_notice(self),
+            basic_notice(self)
+        )
     }
 }
 
-/// What `--check` prints in place of a secret. Loading refuses it as the value of a
-/// secret, so that printed output never starts a server that takes the mask for the
-/// secret (a token of `***` would let anyone who guesses it purge keys).
-const MASK: &str = "***";
-
-/// A `scheme://user:pass@host` URL cut around its secret: the password, or a lone
-/// user-info part, which some clients read as a password.
-struct UrlSecret<'a> {
-    /// Up to and including the `:` after the user name, or the `://` of a lone secret.
-    before: &'a str,
-    secret: &'a str,
-    /// From the `@` that ends the user-info on.
-    after: &'a str,
-}
-
-fn url_secret(url: &str) -> Option<UrlSecret<'_>> {
-    let (scheme, rest) = url.split_once("://")?;
-    // The last `@` ends the user-info: a password may contain an unescaped `@`, a host
-    // or a database path never does.
-    let (userinfo, _host) = rest.rsplit_once('@')?;
-    let start = scheme.len() + "://".len();
-    let start = start + userinfo.find(':').map_or(0, |colon| colon + 1);
-    let end = scheme.len() + "://".len() + userinfo.len();
-    Some(UrlSecret {
-        before: &url[..start],
-        secret: &url[start..end],
-        after: &url[end..],
-    })
-}
-
-/// The URL with its secret, if it has one, replaced by `mask`.
-fn mask_url(url: &str, mask: &str) -> String {
-    match url_secret(url) {
-        Some(cut) => format!("{}{mask}{}", cut.before, cut.after),
-        None => url.to_owned(),
+/// The comment that says what a Basic principal is made of in each policy that has one
+/// (docs/behaviour.md §25): the user name and a hash of the password, or the user name
+/// alone where `replay_authorization` checks the password. A route is named when its
+/// `scope_principal` differs from `idempotency`'s, as it is printed then.
+fn basic_notice(config: &Config) -> String {
+    let base = &config.idempotency.scope_principal;
+    let sections = std::iter::once(("idempotency".to_owned(), base)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy.scope_principal))
+            .filter(|(_, own)| *own != base),
+    );
+    let mut notice = String::new();
+    for (section, source) in sections {
+        let Some(ScopePrincipal::Basic(made_of)) = source else {
+            continue;
+        };
+        let (what, why) = match made_of {
+            BasicPrincipal::UserAndPassword => (
+                "the user name and a SHA-256 of the password",
+                "no replay_authorization checks the password before a replay; a new \
+                 password is a new scope",
+            ),
+            BasicPrincipal::UserAlone => (
+                "the user name alone",
+                "replay_authorization checks the password before any replay",
+            ),
+        };
+        notice.push_str(&format!(
+            "# {section}: scope_principal basic: the principal is {what}\n#   ({why}).\n"
+        ));
     }
+    notice
 }
-
-/// Replaces the password (or a lone user-info part) of a URL with `***`.
-fn redact_url(url: &str) -> String {
-    mask_url(url, MASK)
+/// The comment that says which policies stream only some bodies
+/// (docs/behaviour.md §19): a key source or fingerprint that reads the body's JSON sees
+/// buffered bodies only, so there a body over `max_request_body` is still `413`.
+fn streaming_notice(config: &Config) -> String {
+    let sections = std::iter::once(("idempotency".to_owned(), &config.idempotency)).chain(
+        config
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy)),
+    );
+    let mut notice = String::new();
+    for (section, policy) in sections {
+        if let Some(needs_body) = policy.stream_limits() {
+            notice.push_str(&format!(
+                "# {section}: stream_request_body does not combine with {needs_body}: they \
+                 see buffered\n#   bodies only, so there a body over max_request_body is \
+                 answered 413 as without streaming.\n"
+            ));
+        }
+    }
+    notice
 }
-
-/// Whether the URL's password is the mask, as written or percent-encoded (Redis clients
-/// decode it before sending it).
-fn url_secret_is_masked(url: &str) -> bool {
-    url_secret(url).is_some_and(|cut| cut.secret.replace("%2A", "*").replace("%2a", "*") == MASK)
+/// The comment that opens the output when it holds `***` in place of a secret: such
+/// a file is refused until each is filled in, and the operator should learn why and
+/// where before trying to start from it.
+fn masked_notice(config: &Config) -> String {
+    let store = &config.store;
+    let mut keys = Vec::new();
+    if config.admin.token.is_some() {
+        keys.push("admin.token".to_owned());
+    }
+    // A route prints `scope_principal` only when it differs from `idempotency`'s.
+    let has_secret = |source: &Option<ScopePrincipal>| matches!(source, Some(ScopePrincipal::Jwt(jwt)) if matches!(jwt.keys, JwtKeys::Secret(_)));
+    let base = &config.idempotency.scope_principal;
+    if has_secret(base) {
+        keys.push("idempotency.scope_principal.jwt.hs256_secret".to_owned());
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        let own = &route.policy.scope_principal;
+        if own != base && has_secret(own) {
+            keys.push(format!("routes[{i}].scope_principal.jwt.hs256_secret"));
+        }
+    }
+    // The paths of the URLs that hold a secret, as `to_yaml` printed them.
+    let with_secrets = |urls: &[String], key: &str| -> Vec<String> {
+        urls.iter()
+            .enumerate()
+            .filter(|(_, url)| url_secret(url).is_some())
+            .map(|(i, _)| format!("{key}[{i}]"))
+            .collect()
+    };
+    // Only a Redis store's URLs are printed.
+    if store.kind == StoreKind::Redis {
+        match store.urls.as_slice() {
+            [url] if url_secret(url).is_some() => keys.push("store.url".to_owned()),
+            urls => keys.extend(with_secrets(urls, "store.urls")),
+        }
+        if let Some(sentinel) = &store.sentinel {
+            keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
+        }
+    }
+    keys.extend(sections::store::encryption::masked(&store.encryption));
+    keys.extend(sections::telemetry::masked(&config.telemetry));
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut notice = "# Secrets are printed as ***, which idemgate refuses as a secret: fill \
+                      these in\n# (the value, or ${VAR}) before starting it from this file:\n"
+        .to_owned();
+    for key in keys {
+        notice.push_str(&format!("#   {key}\n"));
+    }
+    notice
 }

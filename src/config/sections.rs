@@ -1,7 +1,7 @@
 //! The sections of the file, one file each: its struct, which serde reads with every
 //! key checked as it is read, its defaults and its checks.
 
-use super::values::section_form;
+use super::types::section_forms;
 
 mod admin;
 mod errors;
@@ -23,7 +23,7 @@ use telemetry::TelemetryConfig;
 pub use top::{Config, RELOAD, Reload, ReloadKey, Workers};
 pub use upstream::UpstreamConfig;
 
-section_form!(
+section_forms!(
     store::StoreConfig,
     LogConfig,
     UpstreamConfig,

@@ -9,15 +9,14 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::ser::Serializer;
+use serde::{Deserialize, Serialize};
 
-use super::render::{Mapping, Value};
-
-use super::values::Text;
+use super::types::{Text, text};
 
 /// The PEM files of `upstream.tls`, each with what it held; `null` is none.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -117,28 +116,17 @@ impl<'de> Deserialize<'de> for KeyFile {
     }
 }
 
-/// `--check` prints the three paths (`null` for one not given), or `null` without
-/// `upstream.tls`.
-pub(super) fn render(tls: &Option<UpstreamTls>) -> Value {
-    let Some(tls) = tls else {
-        return Value::Null;
-    };
-    let path =
-        |path: Option<&PathBuf>| path.map_or(Value::Null, |p| p.to_string_lossy().as_ref().into());
-    let mut map = Mapping::new();
-    map.insert(
-        "ca_file".into(),
-        path(tls.ca_file.as_ref().map(|f| &f.path)),
-    );
-    map.insert(
-        "cert_file".into(),
-        path(tls.cert_file.as_ref().map(|f| &f.path)),
-    );
-    map.insert(
-        "key_file".into(),
-        path(tls.key_file.as_ref().map(|f| &f.path)),
-    );
-    Value::Mapping(map)
+/// `--check` prints the path of each file, `null` for one not given.
+impl Serialize for CertFile {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        text(&self.path.to_string_lossy(), s)
+    }
+}
+
+impl Serialize for KeyFile {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        text(&self.path.to_string_lossy(), s)
+    }
 }
 
 /// The rustls client configuration for `tls` (none: the system store alone) with

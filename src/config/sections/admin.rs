@@ -3,13 +3,16 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::ser::Serializer;
+use serde::{Deserialize, Serialize};
 
 use crate::config::MASK;
-use crate::config::values::{Addr, Text};
+use crate::config::types::http::Addr;
+use crate::config::types::secret::masked;
+use crate::config::types::{Form, Text, shown};
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -17,7 +20,7 @@ use crate::config::values::{Addr, Text};
 )]
 pub struct AdminConfig {
     /// `/healthz`, `/readyz`, `/metrics` and `/keys`; `null` turns the listener off.
-    #[serde(deserialize_with = "listen")]
+    #[serde(deserialize_with = "listen", serialize_with = "print_listen")]
     pub listen: Option<SocketAddr>,
     /// The bearer token `/keys` requires (docs/behaviour.md §13); without one, `/keys`
     /// answers only on a loopback `listen`.
@@ -35,7 +38,15 @@ impl Default for AdminConfig {
 
 /// An address, or `null` for none: unlike any other key, `null` is not its default.
 fn listen<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
-    Ok(Option::<Addr>::deserialize(d)?.map(|addr| addr.0))
+    Ok(Option::<Addr>::deserialize(d)?.map(Form::value))
+}
+
+/// `null` disables the admin server; leaving the key out would re-enable the default.
+fn print_listen<S: Serializer>(listen: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+    match listen {
+        Some(addr) => shown(addr, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// `admin.token`: a credential, so never printed (`Debug` and `--check` show `***`).
@@ -55,6 +66,13 @@ impl AdminToken {
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("AdminToken(***)")
+    }
+}
+
+impl Serialize for AdminToken {
+    /// A credential: shown as set, never printed.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        masked(self, s)
     }
 }
 

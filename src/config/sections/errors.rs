@@ -1,10 +1,11 @@
 //! `errors`: the shape of the answers idemgate makes itself (docs/behaviour.md §16).
 
 use http::HeaderValue;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
-use crate::config::values::{As, Choice, ContentType, Pick, Text};
+use crate::config::types::http::ContentType;
+use crate::config::types::{As, Choice, Pick, Text};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorFormat {
@@ -21,7 +22,7 @@ impl Choice for ErrorFormat {
     ];
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,

@@ -1,9 +1,11 @@
 //! `routes`: per path prefix, a policy that overrides the keys of `idempotency` it
 //! writes (docs/behaviour.md §6, §8); the first match in file order wins.
 
+use serde::ser::{Serialize, Serializer};
+
 use crate::config::ConfigError;
-use crate::config::sections::policy::{Policy, RawRoute};
-use crate::config::values::Choice;
+use crate::config::sections::policy::{Policy, Printed, RawRoute};
+use crate::config::types::Choice;
 use crate::idempotency::path::{self, EscapedSlashes};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +27,20 @@ pub struct Route {
     /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
     pub path: String,
     pub policy: Policy,
+    /// What it inherits: `idempotency`, so that `--check` prints only the keys in which
+    /// the route differs.
+    pub(crate) base: Policy,
+}
+
+impl Serialize for Route {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let printed = Printed {
+            path: Some(&self.path),
+            policy: &self.policy,
+            base: Some(&self.base),
+        };
+        printed.serialize(s)
+    }
 }
 
 /// The routes as written, each on top of `idempotency`, checked, their paths in normal
@@ -49,7 +65,11 @@ pub(crate) fn build(
         };
         let path = normalise_route_path(&path, slashes)
             .map_err(|msg| ConfigError::invalid(&field, msg))?;
-        routes.push(Route { path, policy });
+        routes.push(Route {
+            path,
+            policy,
+            base: idempotency.clone(),
+        });
     }
     Ok(routes)
 }

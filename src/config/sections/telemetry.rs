@@ -12,11 +12,14 @@
 //! ```
 
 use http::{HeaderName, HeaderValue, Uri};
-use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
 
-use crate::config::render::{Mapping, Value};
-use crate::config::values::{As, Choice, HeaderPairs, Pick, Ratio, Raw, Text, raw_newtypes};
+use crate::config::types::http::HeaderPairs;
+use crate::config::types::secret::Mask;
+use crate::config::types::units::Ratio;
+use crate::config::types::{As, Choice, Form, Pick, Text, forms, shown, text};
 use crate::config::{ConfigError, MASK};
 
 /// How spans travel to the collector.
@@ -36,7 +39,7 @@ impl Choice for OtlpProtocol {
 }
 
 /// `telemetry`.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default, expecting = "a mapping with otlp")]
 pub struct TelemetryConfig {
     /// The OTLP exporter; `None` (or `null`): no traces.
@@ -44,7 +47,7 @@ pub struct TelemetryConfig {
 }
 
 /// `telemetry.otlp`, checked.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -168,7 +171,7 @@ struct Headers(Vec<(HeaderName, HeaderValue)>);
 
 impl<'de> Deserialize<'de> for Headers {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut headers = HeaderPairs::<SecretValue>::deserialize(d)?.typed();
+        let mut headers = HeaderPairs::<SecretValue>::deserialize(d)?.value();
         for (_, value) in &mut headers {
             value.set_sensitive(true);
         }
@@ -176,10 +179,22 @@ impl<'de> Deserialize<'de> for Headers {
     }
 }
 
-raw_newtypes! {
-    Endpoint => Uri,
-    ServiceName => String,
-    Headers => Vec<(HeaderName, HeaderValue)>,
+/// Header names, each value printed `***`.
+fn masked_headers<S: Serializer>(
+    headers: &Vec<(HeaderName, HeaderValue)>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    let mut map = s.serialize_map(Some(headers.len()))?;
+    for (name, _) in headers {
+        map.serialize_entry(name.as_str(), &Mask)?;
+    }
+    map.end()
+}
+
+forms! {
+    Endpoint => Uri, shown;
+    ServiceName => String, |name: &String, s: S| text(name, s);
+    Headers => Vec<(HeaderName, HeaderValue)>, masked_headers;
 }
 
 /// An `http://host:port[/path]` URL, without query or fragment.
@@ -206,29 +221,6 @@ fn endpoint_url(text: &str) -> Result<Uri, String> {
         return Err("has a query; expected http://host:port".to_owned());
     }
     Ok(uri)
-}
-
-/// `telemetry` as `--check` prints it: `otlp` with every key, header values as `***`.
-pub(crate) fn render(telemetry: &TelemetryConfig) -> Value {
-    let mut map = Mapping::new();
-    let otlp = match &telemetry.otlp {
-        None => Value::Null,
-        Some(otlp) => {
-            let mut m = Mapping::new();
-            m.insert("endpoint".into(), otlp.endpoint.to_string().into());
-            m.insert("protocol".into(), otlp.protocol.name().into());
-            m.insert("service_name".into(), otlp.service_name.as_str().into());
-            m.insert("sample_ratio".into(), otlp.sample_ratio.into());
-            let mut headers = Mapping::new();
-            for (name, _) in &otlp.headers {
-                headers.insert(name.as_str().into(), MASK.into());
-            }
-            m.insert("headers".into(), headers.into());
-            Value::Mapping(m)
-        }
-    };
-    map.insert("otlp".into(), otlp);
-    Value::Mapping(map)
 }
 
 /// The paths `--check` printed as `***`, for its opening comment.

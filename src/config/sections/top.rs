@@ -4,15 +4,18 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::Serializer;
+use serde::{Deserialize, Serialize};
 
-use super::policy::{Policy, RawPolicy, RawRoute};
+use super::policy::{Policy, Printed, RawPolicy, RawRoute};
 use super::routes::{self, Route, RouteMatch};
 use super::{AdminConfig, ErrorsConfig, LogConfig, StoreConfig, TelemetryConfig, UpstreamConfig};
-use crate::config::values::{
-    self, Addr, As, AtLeastOne, Choice, Dur, OrDefault, Pending, Pick, Raw, Size, Text, given,
+use crate::config::types::http::Addr;
+use crate::config::types::units::{AtLeastOne, Dur, Size};
+use crate::config::types::{
+    As, Choice, OrDefault, Pending, Pick, Scalar, Shown, Text, forms, given,
 };
 use crate::config::{ConfigError, OnConcurrent};
 use crate::idempotency::path::EscapedSlashes;
@@ -22,7 +25,7 @@ use crate::idempotency::path::EscapedSlashes;
 /// Serde reads it straight from the file, each key by its form; [`Config::build`] then
 /// applies the rules that span keys. The order of the fields is that of `--check` and
 /// of the error messages that list the keys.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -37,16 +40,20 @@ pub struct Config {
     #[serde(with = "OrDefault::<StoreConfig>")]
     pub store: StoreConfig,
     /// `idempotency` as written, the default policy once [`Config::build`] took it.
-    #[serde(rename = "idempotency", deserialize_with = "nullable")]
+    #[serde(
+        rename = "idempotency",
+        deserialize_with = "nullable",
+        skip_serializing
+    )]
     pub(crate) written_idempotency: Pending<RawPolicy>,
     /// The top-level `idempotency` section, as the default policy.
-    #[serde(skip)]
+    #[serde(skip_deserializing, serialize_with = "print_idempotency")]
     pub idempotency: Policy,
     /// `routes` as written, until [`Config::build`] puts each on top of `idempotency`.
-    #[serde(rename = "routes", deserialize_with = "given_routes")]
+    #[serde(rename = "routes", deserialize_with = "given_routes", skip_serializing)]
     pub(crate) written_routes: Pending<Vec<RawRoute>>,
     /// Routes in file order; each carries its fully merged effective policy.
-    #[serde(skip)]
+    #[serde(skip_deserializing)]
     pub routes: Vec<Route>,
     #[serde(with = "OrDefault::<AdminConfig>")]
     pub admin: AdminConfig,
@@ -126,6 +133,16 @@ fn nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<RawPolicy>, D::Er
     Ok(Pending(Some(Option::deserialize(d)?.unwrap_or_default())))
 }
 
+/// `idempotency` as `--check` prints it: every key.
+fn print_idempotency<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::Error> {
+    let printed = Printed {
+        path: None,
+        policy,
+        base: None,
+    };
+    printed.serialize(s)
+}
+
 /// `routes` may be left out, not written empty.
 fn given_routes<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<Vec<RawRoute>>, D::Error> {
     given(d).map(Pending)
@@ -164,7 +181,7 @@ impl Config {
     pub(crate) fn build(mut self) -> Result<Config, ConfigError> {
         let idempotency = self.written_idempotency.take().unwrap_or_default();
         idempotency.check_spelling("idempotency")?;
-        self.idempotency = idempotency.typed();
+        self.idempotency = idempotency.policy();
         self.idempotency.check("idempotency")?;
         let written = self.written_routes.take().unwrap_or_default();
         self.routes = routes::build(written, &self.idempotency, self.escaped_slashes)?;
@@ -257,10 +274,11 @@ struct WorkerCount(Workers);
 
 impl<'de> Deserialize<'de> for WorkerCount {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let workers = match values::WorkerCount::deserialize(d)? {
-            values::WorkerCount::Auto => Some(Workers::Auto),
-            values::WorkerCount::Shared => Some(Workers::Shared),
-            values::WorkerCount::Count(n) => usize::try_from(n)
+        const EXPECTING: &str = "auto, shared or a number of workers";
+        let workers = match Scalar::read(d, EXPECTING)? {
+            Scalar::Str(text) if text.trim() == "auto" => Some(Workers::Auto),
+            Scalar::Str(text) if text.trim() == "shared" => Some(Workers::Shared),
+            other => usize::try_from(other.into_u64::<D::Error>(EXPECTING)?)
                 .ok()
                 .filter(|n| *n <= Workers::MAX)
                 .and_then(std::num::NonZeroUsize::new)
@@ -272,6 +290,14 @@ impl<'de> Deserialize<'de> for WorkerCount {
                 Workers::MAX
             ))
         })
+    }
+}
+
+fn workers<S: Serializer>(workers: &Workers, s: S) -> Result<S::Ok, S::Error> {
+    match workers {
+        Workers::Auto => s.serialize_str("auto"),
+        Workers::Count(n) => s.serialize_u64(n.get() as u64),
+        Workers::Shared => s.serialize_str("shared"),
     }
 }
 
@@ -310,9 +336,9 @@ impl<'de> Deserialize<'de> for Upgrade {
     }
 }
 
-crate::config::values::raw_newtypes! {
-    WorkerCount => Workers,
-    Upgrades => Vec<String>,
+forms! {
+    WorkerCount => Workers, workers;
+    Upgrades => Vec<String>, |names: &Vec<String>, s: S| s.collect_seq(names.iter().map(Shown::<Text>));
 }
 
 impl Choice for EscapedSlashes {

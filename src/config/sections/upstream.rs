@@ -3,13 +3,15 @@
 use std::time::Duration;
 
 use http::Uri;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
 use crate::config::tls::{self, UpstreamTls};
-use crate::config::values::{As, Dur, UpstreamUrl};
+use crate::config::types::As;
+use crate::config::types::http::UpstreamUrl;
+use crate::config::types::units::Dur;
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -70,7 +72,7 @@ impl UpstreamConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::values::parse_upstream_url;
+    use crate::config::types::http::parse_upstream_url;
 
     /// `--check` prints the default URL, which must parse back to the same value.
     #[test]

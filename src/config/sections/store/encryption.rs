@@ -7,9 +7,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
-use crate::config::render::{Mapping, Value};
-use crate::config::values::{Opt, Text, section_form};
-use crate::config::{ConfigError, MASK};
+use crate::config::ConfigError;
+use crate::config::types::secret::MASK;
+use crate::config::types::{Opt, Text, given};
 
 /// Key material: 32 bytes, for AES-256-GCM.
 pub(crate) const KEY_LEN: usize = 32;
@@ -43,7 +43,7 @@ impl std::fmt::Debug for EncryptionKey {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default, expecting = "a mapping with keys")]
 pub(crate) struct RawEncryption {
-    #[serde(with = "Opt::<Vec<RawKey>>")]
+    #[serde(deserialize_with = "given")]
     keys: Option<Vec<RawKey>>,
 }
 
@@ -55,8 +55,6 @@ struct RawKey {
     #[serde(with = "Opt::<Text>")]
     key: Option<String>,
 }
-
-section_form!(RawEncryption, RawKey);
 
 /// The most characters of an id: it is stored in every sealed record.
 const MAX_ID_LEN: usize = 64;
@@ -108,22 +106,6 @@ pub(crate) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, Co
         keys.push(EncryptionKey::new(id, key));
     }
     Ok(keys)
-}
-
-/// `store.encryption` as `--check` prints it: ids, and `***` for every key.
-pub(crate) fn render(keys: &[EncryptionKey]) -> Value {
-    let list: Vec<Value> = keys
-        .iter()
-        .map(|key| {
-            let mut map = Mapping::new();
-            map.insert("id".into(), key.id.as_str().into());
-            map.insert("key".into(), MASK.into());
-            Value::Mapping(map)
-        })
-        .collect();
-    let mut map = Mapping::new();
-    map.insert("keys".into(), Value::Sequence(list));
-    Value::Mapping(map)
 }
 
 /// The paths `--check` masks, for the notice that opens its output.

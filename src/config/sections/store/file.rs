@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use crate::config::values::{Text, raw_newtypes};
+use crate::config::types::{Text, forms, text};
 
 /// Where the file store lives unless `store.path` says otherwise.
 pub(crate) const DEFAULT_PATH: &str = "/var/lib/idemgate";
@@ -25,6 +25,6 @@ impl<'de> Deserialize<'de> for StorePath {
     }
 }
 
-raw_newtypes! {
-    StorePath => PathBuf,
+forms! {
+    StorePath => PathBuf, |path: &PathBuf, s: S| text(&path.to_string_lossy(), s);
 }

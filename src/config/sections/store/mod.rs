@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::ser::{Serialize, SerializeMap, Serializer};
 
 pub(crate) mod encryption;
 pub(crate) mod file;
@@ -23,7 +24,9 @@ use self::encryption::{EncryptionKey, RawEncryption};
 use self::file::StorePath;
 use self::redis::{MinReplicas, SentinelConfig};
 use crate::config::ConfigError;
-use crate::config::values::{As, AtLeastOne, Choice, Dur, Flag, Opt, Pick, Text};
+use crate::config::types::secret::{Mask, SecretUrls, redact_url};
+use crate::config::types::units::{AtLeastOne, Dur, Flag};
+use crate::config::types::{As, Choice, Opt, Pick, Shown, Text, given};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
@@ -100,7 +103,7 @@ pub struct StoreConfig {
     pub min_replicas: u32,
     /// `encryption` as written, checked into `encryption` by [`StoreConfig::build`]
     /// (then `None`), so that an error can name a key by its `id`.
-    #[serde(rename = "encryption", with = "Opt::<RawEncryption>")]
+    #[serde(rename = "encryption", deserialize_with = "given")]
     pub(crate) written_encryption: Option<RawEncryption>,
     /// `store.encryption.keys` (docs/behaviour.md §17): the first seals, all open; empty
     /// keeps records in clear.
@@ -160,9 +163,72 @@ impl StoreConfig {
 
     /// The store URLs with any password replaced by `***`, fit for logs and `--check`.
     pub fn redacted_urls(&self) -> Vec<String> {
-        self.urls
-            .iter()
-            .map(|url| crate::config::redact_url(url))
-            .collect()
+        self.urls.iter().map(|url| redact_url(url)).collect()
+    }
+}
+
+/// `--check` prints the keys every kind reads, and those of the chosen kind only:
+/// loading leaves the keys of other kinds at their defaults, so leaving them out loses
+/// nothing, and a file store's configuration does not show Redis URLs it never connects
+/// to. Passwords in URLs are printed `***`.
+impl Serialize for StoreConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("kind", &Shown::<Pick<StoreKind>>(&self.kind))?;
+        let redis = self.kind == StoreKind::Redis;
+        if redis {
+            match self.urls.as_slice() {
+                [url] => map.serialize_entry("url", &Shown::<Text>(&redact_url(url)))?,
+                _ => map.serialize_entry("urls", &Shown::<SecretUrls>(&self.urls))?,
+            }
+            map.serialize_entry("cluster", &self.cluster)?;
+        }
+        map.serialize_entry("key_prefix", &Shown::<Text>(&self.key_prefix))?;
+        map.serialize_entry("timeout", &Shown::<Dur>(&self.timeout))?;
+        map.serialize_entry(
+            "on_unavailable",
+            &Shown::<Pick<OnUnavailable>>(&self.on_unavailable),
+        )?;
+        if !redis {
+            map.serialize_entry("max_entries", &self.max_entries)?;
+            if let Some(n) = self.max_entries_per_scope {
+                map.serialize_entry("max_entries_per_scope", &n)?;
+            }
+        }
+        if self.kind == StoreKind::File {
+            map.serialize_entry("path", &Shown::<file::StorePath>(&self.path))?;
+            map.serialize_entry("fsync", &self.fsync)?;
+        }
+        if redis {
+            map.serialize_entry("sentinel", &self.sentinel)?;
+            map.serialize_entry("min_replicas", &self.min_replicas)?;
+        }
+        if !self.encryption.is_empty() {
+            map.serialize_entry("encryption", &Keys(&self.encryption))?;
+        }
+        map.end()
+    }
+}
+
+/// `encryption` as `--check` prints it: ids, and `***` for every key.
+struct Keys<'a>(&'a [EncryptionKey]);
+
+impl Serialize for Keys<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let keys: Vec<_> = self.0.iter().map(|key| Key(&key.id)).collect();
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry("keys", &keys)?;
+        map.end()
+    }
+}
+
+struct Key<'a>(&'a String);
+
+impl Serialize for Key<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("id", &Shown::<Text>(self.0))?;
+        map.serialize_entry("key", &Mask)?;
+        map.end()
     }
 }

@@ -3,19 +3,22 @@
 //! and neither `sentinel` nor `min_replicas` goes with one), so they are checked
 //! together once the whole store is read, and only for `kind: redis`.
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 
 use super::{StoreConfig, StoreKind};
-use crate::config::values::{As, Count, Text};
-use crate::config::{ConfigError, redact_url, url_secret_is_masked};
+use crate::config::ConfigError;
+use crate::config::types::secret::SecretUrls;
+use crate::config::types::secret::{redact_url, url_secret_is_masked};
+use crate::config::types::units::Count;
+use crate::config::types::{As, Text, forms};
 
 pub(crate) const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 /// A cluster seed carries no database number (Redis Cluster only has database 0).
 const DEFAULT_CLUSTER_URL: &str = "redis://127.0.0.1:6379";
 
 /// Where the sentinels are and which master they watch.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(
     deny_unknown_fields,
     default,
@@ -28,8 +31,8 @@ pub struct SentinelConfig {
     /// Interpolated sentinel URLs, `redis[s]://[user:password@]host:port[/db]`. Each
     /// reaches its sentinel with its own TLS and credentials; the master is reached with
     /// the scheme, credentials and database of the first. May hold passwords: print
-    /// [`SentinelConfig::redacted_urls`].
-    #[serde(with = "As::<Vec<Text>>")]
+    /// [`SentinelConfig::redacted_urls`]; `--check` prints them so.
+    #[serde(with = "As::<SecretUrls>")]
     pub urls: Vec<String>,
 }
 
@@ -57,8 +60,8 @@ impl<'de> Deserialize<'de> for MinReplicas {
     }
 }
 
-crate::config::values::raw_newtypes! {
-    MinReplicas => u32,
+forms! {
+    MinReplicas => u32, |n: &u32, s: S| s.serialize_u32(*n);
 }
 
 /// `url` merged into `urls`, `cluster` set by the count of URLs, and the Redis keys
