@@ -11,7 +11,7 @@ pub(super) mod routes;
 pub(super) mod store;
 pub(super) mod telemetry;
 pub(super) mod top;
-mod upstream;
+pub(super) mod upstream;
 
 pub use admin::{AdminConfig, AdminToken};
 pub use errors::{ErrorFormat, ErrorsConfig};

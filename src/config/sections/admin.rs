@@ -7,8 +7,8 @@ use serde::de::{self, Deserializer};
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
-use crate::config::MASK;
 use crate::config::types::http::Addr;
+use crate::config::types::secret::MASK;
 use crate::config::types::secret::masked;
 use crate::config::types::{Form, Text, shown};
 

@@ -3,7 +3,7 @@
 use http::HeaderValue;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::config::types::http::ContentType;
 use crate::config::types::{As, Choice, Pick, Text};
 

@@ -15,16 +15,17 @@ mod key_from;
 pub(crate) mod reconcile;
 mod scope_principal;
 
-use self::key_format::RawKeyFormat;
+use self::key_format::KeyFormatForm;
 use self::key_from::KeyFrom;
-use self::reconcile::{RawReconcile, Reconcile};
-use self::scope_principal::RawScopePrincipal;
+use self::reconcile::{Reconcile, ReconcileForm};
+use self::scope_principal::ScopePrincipalForm;
+use crate::config::error::ConfigError;
 use crate::config::types::http::{
     CookieName, Header, HeaderPairs, Headers, Methods, Pointer, Status,
 };
 use crate::config::types::units::{Dur, Flag, Lease, Size};
 use crate::config::types::{Choice, Form, Pick, Shown, Text, given};
-use crate::config::{ConfigError, OnConcurrent, OnUnknownOutcome};
+use crate::config::{OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
 use crate::idempotency::format::KeyFormat;
 use crate::idempotency::key::ByPrincipal;
@@ -33,7 +34,7 @@ use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 use crate::principal::{Principal, ScopePrincipal};
 
-/// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`], their merging and
+/// Generates [`Policy`], its `Default`, [`WrittenPolicy`], [`WrittenRoute`], their merging and
 /// the printing of the keys from one declaration per key:
 ///
 /// ```text
@@ -80,7 +81,7 @@ macro_rules! policy_keys {
         /// The top-level `idempotency` section as written.
         #[derive(Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(crate) struct RawPolicy {
+        pub(crate) struct WrittenPolicy {
             #[serde(default, deserialize_with = "given")]
             header: Option<Header>,
             $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
@@ -89,7 +90,7 @@ macro_rules! policy_keys {
         /// A `routes[]` entry as written: its path prefix and its policy keys.
         #[derive(Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(crate) struct RawRoute {
+        pub(crate) struct WrittenRoute {
             #[serde(default, deserialize_with = "given")]
             path: Option<Text>,
             $(#[serde(default, deserialize_with = "given")] $route_key: Option<$route_raw>,)*
@@ -98,7 +99,7 @@ macro_rules! policy_keys {
             $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
         }
 
-        impl RawPolicy {
+        impl WrittenPolicy {
             /// The defaults, with the keys written here replaced.
             pub(crate) fn policy(self) -> Policy {
                 let mut policy = Policy::default();
@@ -112,7 +113,7 @@ macro_rules! policy_keys {
             }
         }
 
-        impl RawRoute {
+        impl WrittenRoute {
             /// The route's path prefix (`None` if missing) and its effective policy:
             /// `base` with the keys written here replaced.
             pub(crate) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
@@ -192,7 +193,7 @@ policy_keys! {
         /// What every key a source finds must look like (docs/behaviour.md §18), so that
         /// a client's malformed key is refused rather than guarded: `any`, a UUID form,
         /// or a regex, compiled once when the configuration loads.
-        key_format: KeyFormat = KeyFormat::Any, from RawKeyFormat;
+        key_format: KeyFormat = KeyFormat::Any, from KeyFormatForm;
         /// How long a completed record is replayed.
         ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur;
         /// How long an in-flight marker outlives its last renewal: the longest a
@@ -211,7 +212,7 @@ policy_keys! {
         /// before `outcome-unknown` is recorded (docs/behaviour.md §18): an upstream that
         /// can look a charge up by its key settles most timeouts itself. Unset: never
         /// asked.
-        reconcile: Option<Reconcile> = None, from RawReconcile;
+        reconcile: Option<Reconcile> = None, from ReconcileForm;
         /// Upstream statuses that mean "refused before doing work": the claim is
         /// released instead of recorded, so a retry executes. `401` and `403` among
         /// them: recording refusals would let made-up credentials fill the store
@@ -233,7 +234,7 @@ policy_keys! {
         /// key in place of `authorization` and of the header it reads, so that a
         /// refreshed token keeps the scope.
         scope_principal: Option<ScopePrincipal> = None,
-            from RawScopePrincipal;
+            from ScopePrincipalForm;
         /// Whether a guarded request without a credential is refused
         /// (`401 missing-credentials`) rather than scoped as anonymous.
         require_principal: bool = false, from Flag;
@@ -315,13 +316,13 @@ fn one_spelling<H, K>(
     Ok(())
 }
 
-impl RawPolicy {
+impl WrittenPolicy {
     pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
 }
 
-impl RawRoute {
+impl WrittenRoute {
     pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
@@ -543,7 +544,7 @@ mod tests {
             ttl: Duration::from_secs(60),
             ..Policy::default()
         };
-        let (path, policy) = RawRoute::default().merge(&base);
+        let (path, policy) = WrittenRoute::default().merge(&base);
         assert_eq!(path, None);
         assert_eq!(policy, base);
         let printed = |policy, base| {

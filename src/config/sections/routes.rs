@@ -3,8 +3,8 @@
 
 use serde::ser::{Serialize, Serializer};
 
-use crate::config::ConfigError;
-use crate::config::sections::policy::{Policy, Printed, RawRoute};
+use crate::config::error::ConfigError;
+use crate::config::sections::policy::{Policy, Printed, WrittenRoute};
 use crate::config::types::Choice;
 use crate::idempotency::path::{self, EscapedSlashes};
 
@@ -46,7 +46,7 @@ impl Serialize for Route {
 /// The routes as written, each on top of `idempotency`, checked, their paths in normal
 /// form under `slashes`.
 pub(crate) fn build(
-    raw: Vec<RawRoute>,
+    raw: Vec<WrittenRoute>,
     idempotency: &Policy,
     slashes: EscapedSlashes,
 ) -> Result<Vec<Route>, ConfigError> {

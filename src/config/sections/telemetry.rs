@@ -16,11 +16,12 @@ use serde::de::{self, Deserializer};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
+use crate::config::error::ConfigError;
 use crate::config::types::http::HeaderPairs;
+use crate::config::types::secret::MASK;
 use crate::config::types::secret::Mask;
 use crate::config::types::units::Ratio;
 use crate::config::types::{As, Choice, Form, Pick, Text, forms, shown, text};
-use crate::config::{ConfigError, MASK};
 
 /// How spans travel to the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,15 +9,16 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
-use super::policy::{Policy, Printed, RawPolicy, RawRoute};
+use super::policy::{Policy, Printed, WrittenPolicy, WrittenRoute};
 use super::routes::{self, Route, RouteMatch};
 use super::{AdminConfig, ErrorsConfig, LogConfig, StoreConfig, TelemetryConfig, UpstreamConfig};
+use crate::config::OnConcurrent;
+use crate::config::error::ConfigError;
 use crate::config::types::http::Addr;
 use crate::config::types::units::{AtLeastOne, Dur, Size};
 use crate::config::types::{
     As, Choice, OrDefault, Pending, Pick, Scalar, Shown, Text, forms, given,
 };
-use crate::config::{ConfigError, OnConcurrent};
 use crate::idempotency::path::EscapedSlashes;
 
 /// The configuration in force: typed, validated, defaults applied.
@@ -45,13 +46,13 @@ pub struct Config {
         deserialize_with = "nullable",
         skip_serializing
     )]
-    pub(crate) written_idempotency: Pending<RawPolicy>,
+    pub(crate) written_idempotency: Pending<WrittenPolicy>,
     /// The top-level `idempotency` section, as the default policy.
     #[serde(skip_deserializing, serialize_with = "print_idempotency")]
     pub idempotency: Policy,
     /// `routes` as written, until [`Config::build`] puts each on top of `idempotency`.
     #[serde(rename = "routes", deserialize_with = "given_routes", skip_serializing)]
-    pub(crate) written_routes: Pending<Vec<RawRoute>>,
+    pub(crate) written_routes: Pending<Vec<WrittenRoute>>,
     /// Routes in file order; each carries its fully merged effective policy.
     #[serde(skip_deserializing)]
     pub routes: Vec<Route>,
@@ -129,7 +130,7 @@ impl Default for Config {
 }
 
 /// `idempotency: null` is `idempotency: {}`.
-fn nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<RawPolicy>, D::Error> {
+fn nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<WrittenPolicy>, D::Error> {
     Ok(Pending(Some(Option::deserialize(d)?.unwrap_or_default())))
 }
 
@@ -144,7 +145,7 @@ fn print_idempotency<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::E
 }
 
 /// `routes` may be left out, not written empty.
-fn given_routes<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<Vec<RawRoute>>, D::Error> {
+fn given_routes<'de, D: Deserializer<'de>>(d: D) -> Result<Pending<Vec<WrittenRoute>>, D::Error> {
     given(d).map(Pending)
 }
 

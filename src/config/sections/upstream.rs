@@ -5,8 +5,10 @@ use std::time::Duration;
 use http::Uri;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
-use crate::config::tls::{self, UpstreamTls};
+use crate::config::error::ConfigError;
+pub(crate) mod tls;
+
+use self::tls::UpstreamTls;
 use crate::config::types::As;
 use crate::config::types::http::UpstreamUrl;
 use crate::config::types::units::Dur;

@@ -16,9 +16,9 @@ use crate::config::types::{Form, Shown, Text};
 use crate::idempotency::format::{KeyFormat, KeyPattern};
 
 /// `key_format` as written.
-pub(crate) struct RawKeyFormat(KeyFormat);
+pub(crate) struct KeyFormatForm(KeyFormat);
 
-impl Form for RawKeyFormat {
+impl Form for KeyFormatForm {
     type Value = KeyFormat;
     fn value(self) -> KeyFormat {
         self.0
@@ -37,9 +37,9 @@ impl Form for RawKeyFormat {
 
 const EXPECTING: &str = "one of any, uuid, uuidv4, uuidv7, or {regex: '...'}";
 
-impl<'de> Deserialize<'de> for RawKeyFormat {
+impl<'de> Deserialize<'de> for KeyFormatForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FormatVisitor).map(RawKeyFormat)
+        d.deserialize_any(FormatVisitor).map(KeyFormatForm)
     }
 }
 

@@ -87,9 +87,9 @@ fn percent_encoded(key: &str, dots: bool) -> String {
 
 /// `reconcile` as written.
 #[derive(Debug, Clone)]
-pub(crate) struct RawReconcile(Reconcile);
+pub(crate) struct ReconcileForm(Reconcile);
 
-impl Form for RawReconcile {
+impl Form for ReconcileForm {
     type Value = Option<Reconcile>;
     fn value(self) -> Option<Reconcile> {
         Some(self.0)
@@ -129,7 +129,7 @@ struct Fields {
     attempts: Option<Count>,
 }
 
-impl<'de> Deserialize<'de> for RawReconcile {
+impl<'de> Deserialize<'de> for ReconcileForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let f = Fields::deserialize(d)?;
         let method = match f.method {
@@ -158,7 +158,7 @@ impl<'de> Deserialize<'de> for RawReconcile {
                 )));
             }
         };
-        Ok(RawReconcile(Reconcile {
+        Ok(ReconcileForm(Reconcile {
             method,
             path,
             copy_headers: f.copy_headers.map_or_else(

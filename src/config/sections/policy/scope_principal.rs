@@ -15,17 +15,17 @@ use serde::de::{self, Deserializer};
 
 use serde::ser::{SerializeMap, Serializer};
 
-use crate::config::MASK;
 use crate::config::types::http::Header;
+use crate::config::types::secret::MASK;
 use crate::config::types::secret::Mask;
 use crate::config::types::units::{Dur, Flag};
 use crate::config::types::{Form, Shown, Text, given};
 use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
 
 /// `scope_principal` as written: exactly one of its three sources.
-pub(crate) struct RawScopePrincipal(ScopePrincipal);
+pub(crate) struct ScopePrincipalForm(ScopePrincipal);
 
-impl Form for RawScopePrincipal {
+impl Form for ScopePrincipalForm {
     type Value = Option<ScopePrincipal>;
     fn value(self) -> Option<ScopePrincipal> {
         Some(self.0)
@@ -87,14 +87,14 @@ impl serde::Serialize for Jwt<'_> {
 )]
 struct Fields {
     #[serde(default, deserialize_with = "given")]
-    jwt: Option<RawJwt>,
+    jwt: Option<JwtForm>,
     #[serde(default, deserialize_with = "given")]
     trusted_header: Option<Header>,
     #[serde(default, deserialize_with = "given")]
     basic: Option<Flag>,
 }
 
-impl<'de> Deserialize<'de> for RawScopePrincipal {
+impl<'de> Deserialize<'de> for ScopePrincipalForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let fields = Fields::deserialize(d)?;
         let basic = fields.basic.is_some_and(|flag| flag.0);
@@ -110,7 +110,7 @@ impl<'de> Deserialize<'de> for RawScopePrincipal {
                 ));
             }
         };
-        Ok(RawScopePrincipal(source))
+        Ok(ScopePrincipalForm(source))
     }
 }
 
@@ -140,7 +140,7 @@ struct JwtFields {
 }
 
 /// `scope_principal.jwt`, with its defaults filled in.
-struct RawJwt(JwtSource);
+struct JwtForm(JwtSource);
 
 /// How often a key set is read again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(5 * 60);
@@ -151,7 +151,7 @@ const DEFAULT_JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The clock skew allowed on `exp` and `nbf` by default.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
 
-impl<'de> Deserialize<'de> for RawJwt {
+impl<'de> Deserialize<'de> for JwtForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let f = JwtFields::deserialize(d)?;
         let keys = match (f.jwks_file, f.jwks_url, f.hs256_secret) {
@@ -173,7 +173,7 @@ impl<'de> Deserialize<'de> for RawJwt {
             }
             Some(claims) => claims.into_iter().map(Form::value).collect(),
         };
-        Ok(RawJwt(JwtSource {
+        Ok(JwtForm(JwtSource {
             header: f.header.map_or(header::AUTHORIZATION, |h| h.0),
             claims,
             keys,

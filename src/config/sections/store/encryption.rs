@@ -7,7 +7,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::config::types::secret::MASK;
 use crate::config::types::{Opt, Text, given};
 
@@ -42,14 +42,14 @@ impl std::fmt::Debug for EncryptionKey {
 /// a key by its `id`.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default, expecting = "a mapping with keys")]
-pub(crate) struct RawEncryption {
+pub(crate) struct WrittenEncryption {
     #[serde(deserialize_with = "given")]
-    keys: Option<Vec<RawKey>>,
+    keys: Option<Vec<WrittenKey>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(deny_unknown_fields, default, expecting = "a mapping with id and key")]
-struct RawKey {
+struct WrittenKey {
     #[serde(with = "Opt::<Text>")]
     id: Option<String>,
     #[serde(with = "Opt::<Text>")]
@@ -60,7 +60,7 @@ struct RawKey {
 const MAX_ID_LEN: usize = 64;
 
 /// The typed keys, each checked and named by its `id` in any error.
-pub(crate) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, ConfigError> {
+pub(crate) fn build(raw: Option<WrittenEncryption>) -> Result<Vec<EncryptionKey>, ConfigError> {
     let raw_keys = raw.and_then(|r| r.keys).unwrap_or_default();
     let mut keys: Vec<EncryptionKey> = Vec::with_capacity(raw_keys.len());
     for (i, raw) in raw_keys.into_iter().enumerate() {

@@ -20,10 +20,10 @@ pub(crate) mod encryption;
 pub(crate) mod file;
 pub(crate) mod redis;
 
-use self::encryption::{EncryptionKey, RawEncryption};
+use self::encryption::{EncryptionKey, WrittenEncryption};
 use self::file::StorePath;
 use self::redis::{MinReplicas, SentinelConfig};
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::config::types::secret::{Mask, SecretUrls, redact_url};
 use crate::config::types::units::{AtLeastOne, Dur, Flag};
 use crate::config::types::{As, Choice, Opt, Pick, Shown, Text, given};
@@ -104,7 +104,7 @@ pub struct StoreConfig {
     /// `encryption` as written, checked into `encryption` by [`StoreConfig::build`]
     /// (then `None`), so that an error can name a key by its `id`.
     #[serde(rename = "encryption", deserialize_with = "given")]
-    pub(crate) written_encryption: Option<RawEncryption>,
+    pub(crate) written_encryption: Option<WrittenEncryption>,
     /// `store.encryption.keys` (docs/behaviour.md §17): the first seals, all open; empty
     /// keeps records in clear.
     #[serde(skip)]

@@ -7,7 +7,7 @@ use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 
 use super::{StoreConfig, StoreKind};
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::config::types::secret::SecretUrls;
 use crate::config::types::secret::{redact_url, url_secret_is_masked};
 use crate::config::types::units::Count;

@@ -13,7 +13,7 @@ use serde::de::{self, Deserializer};
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
-use super::types::{Text, text};
+use crate::config::types::{Text, text};
 
 /// The PEM files of `upstream.tls`, each with what it held; `null` is none.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
