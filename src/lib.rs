@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - [`admin`]: the admin listener: `/healthz`, `/readyz`, `/metrics`.
-//! - [`config`]: YAML file -> raw serde structs -> validated, typed [`config::Config`].
+//! - [`config`]: YAML file -> one serde pass into each section's struct -> validated, typed
+//!   [`config::Config`]; `--check` prints the same structs.
 //! - `alloc_stats` (private, feature `alloc-stats`): every allocation counted, for the
 //!   benchmark's account of a request.
 //! - `error` (private): the errors the proxy answers itself, their one status table and

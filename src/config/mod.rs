@@ -1,261 +1,53 @@
-//! Typed, validated configuration.
+//! Typed, validated configuration, by section (one file each under `sections/`: its
+//! struct, defaults, checks and reload class).
 //!
-//! Loading runs in three steps, each in its own file, so that every error can name the
-//! field it is about and its line:
+//! Loading reads the text once, so that every error can name the field it is about and
+//! its line:
 //!
 //! 1. `parse` has the YAML parser read the text, within its limits
-//!    (docs/behaviour.md §15), straight into `raw`'s structs, which deny unknown keys;
-//! 2. while it reads, `values` parses units, enums and addresses, with `interp`
+//!    (docs/behaviour.md §15), straight into the sections' structs, which deny unknown
+//!    keys;
+//! 2. while it reads, each key's form (`types`) checks its value, with `interp`
 //!    replacing `${VAR}` in every string value (`$${` is a literal `${`), and
-//!    `serde_path_to_error` recording where each one was (`policy` declares the keys
-//!    that `idempotency` and `routes[]` share, `sections` those of `upstream`, `errors`
-//!    and `log`, and `top` the top-level keys and the reload class of every key, once
-//!    each);
-//! 3. `validate` applies defaults and the checks that span several keys.
+//!    `serde_path_to_error` recording where each one was;
+//! 3. [`Config`]'s `build` applies the rules that span keys.
 //!
-//! `render` goes the other way for `--check`.
+//! `--check` prints the same structs through serde, each key by the same form.
 
-mod checks;
-mod encryption;
+mod error;
 mod interp;
-mod key_format;
 mod parse;
-mod policy;
-mod raw;
-mod reconcile;
-mod render;
-mod scope_principal;
 mod sections;
-mod sentinel;
-mod telemetry;
-mod tls;
-mod top;
-mod units;
-mod validate;
-mod values;
+mod types;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // a failed unwrap is a failed test
 mod tests;
 
 use std::io::Read;
+
+use crate::principal::{BasicPrincipal, JwtKeys, ScopePrincipal};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
+use types::secret::url_secret;
+#[cfg(test)]
+use types::secret::{MASK, mask_url, redact_url};
 
 pub use crate::idempotency::decide::{OnConcurrent, OnUnknownOutcome};
 pub use crate::idempotency::path::EscapedSlashes;
-pub use encryption::EncryptionKey;
-pub use policy::Policy;
-pub use reconcile::Reconcile;
-pub use sections::{ErrorsConfig, LogConfig, UpstreamConfig};
-pub use sentinel::SentinelConfig;
-pub use telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
-pub use tls::{CertFile, KeyFile, UpstreamTls, client_config as tls_client_config};
-pub use top::{Config, RELOAD, Reload, ReloadKey};
-
-/// `workers`: each worker is one thread with its own runtime, listener socket
-/// (`SO_REUSEPORT`), upstream connections and Redis connection, so a request is served
-/// start to end on one thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Workers {
-    /// One per CPU the process may use (its affinity and cgroup quota included).
-    Auto,
-    Count(std::num::NonZeroUsize),
-    /// One multi-threaded runtime (a thread per CPU) whose threads take each other's
-    /// work, on one listener, one upstream pool and one Redis connection.
-    Shared,
-}
-
-impl Workers {
-    /// The most workers a configuration may ask for.
-    pub const MAX: usize = 1024;
-
-    /// How many workers own connections: 1 when `shared`, as one runtime owns them all.
-    /// `auto` is counted once per process, so that the listeners, the upstream pools
-    /// (made again by a reload) and the Redis connections always agree.
-    pub fn resolve(self) -> usize {
-        static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        match self {
-            Workers::Auto => {
-                *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
-            }
-            Workers::Count(n) => n.get(),
-            Workers::Shared => 1,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteMatch {
-    Exact,
-    /// ASCII case is ignored, for upstreams that route that way.
-    CaseInsensitive,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorFormat {
-    /// RFC 9457 problem+json.
-    Problem,
-    /// `errors.template`, filled in.
-    Template,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    Memory,
-    /// The durable embedded store (docs/behaviour.md §12).
-    File,
-    Redis,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnUnavailable {
-    Reject,
-    PassThrough,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
-    pub kind: StoreKind,
-    /// Interpolated (`${VAR}`) URLs. `url` and `urls` merged: `urls` non-empty wins; default `redis://127.0.0.1:6379/0`.
-    ///
-    /// With `cluster` and no URL given the default seed is `redis://127.0.0.1:6379`,
-    /// because cluster URLs carry no database number. They may hold passwords: log
-    /// [`StoreConfig::redacted_urls`] instead.
-    pub urls: Vec<String>,
-    pub cluster: bool, // true when `cluster: true` or more than one URL
-    pub key_prefix: String,
-    pub timeout: Duration,
-    pub on_unavailable: OnUnavailable,
-    /// Memory and file stores: completed records beyond this are evicted oldest first.
-    pub max_entries: usize,
-    /// File store: the directory, created if missing.
-    pub path: PathBuf,
-    /// File store: flush every commit to stable storage.
-    pub fsync: bool,
-    /// Redis: find the master through these sentinels instead of `urls`
-    /// (docs/behaviour.md §14).
-    pub sentinel: Option<SentinelConfig>,
-    /// Redis and Sentinel: replicas that must acknowledge a claim (`WAIT`) before it is
-    /// forwarded, and a record before it is counted as replicated; 0 waits for none.
-    pub min_replicas: u32,
-    /// `store.encryption.keys` (docs/behaviour.md §17): the first seals, all open; empty
-    /// keeps records in clear.
-    pub encryption: Vec<EncryptionKey>,
-    /// Memory and file stores: completed records one scope may hold; past it the
-    /// scope's own oldest is evicted (docs/behaviour.md §17). `None`: no quota.
-    pub max_entries_per_scope: Option<usize>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Normalised prefix: starts with '/', no trailing '/' (except the root "/").
-    pub path: String,
-    pub policy: Policy,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdminConfig {
-    pub listen: Option<SocketAddr>,
-    /// The bearer token `/keys` requires (docs/behaviour.md §13); without one, `/keys`
-    /// answers only on a loopback `listen`.
-    pub token: Option<AdminToken>,
-}
-
-/// `admin.token`: a credential, so never printed (`Debug` and `--check` show `***`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct AdminToken(String);
-
-impl AdminToken {
-    pub fn new(token: impl Into<String>) -> Self {
-        Self(token.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("AdminToken(***)")
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Why a configuration was refused.
-///
-/// The message starts with the full path of the offending field (`routes[1].ttl: ...`)
-/// and ends with where it is written (` (line 7 column 10)`), or, for a key that is
-/// not, where its section is. Only a YAML syntax error or a nesting too deep, which
-/// precede any field, start with their line and column instead, and an I/O error or a
-/// file too large with the file's path.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A key that is unknown, missing, of the wrong type or holding a bad value.
-    #[error("{path}: {message}{at}")]
-    Invalid {
-        path: String,
-        message: String,
-        at: At,
-    },
-    /// `${VAR}` named a variable that is not set; unset is not the same as empty.
-    #[error("{path}: environment variable {var} is not set (referenced as ${{{var}}}){at}")]
-    MissingEnv { path: String, var: String, at: At },
-    /// The text is not YAML at all.
-    #[error("{location}: invalid YAML: {message}")]
-    Syntax { location: String, message: String },
-    #[error("{}: cannot read configuration file: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// Larger than 1 MiB, nested deeper than 64 levels, or aliases that expand too far
-    /// (docs/behaviour.md §15): refused as soon as the parser meets it.
-    #[error("{location}: {message}")]
-    Limit { location: String, message: String },
-}
-
-/// Where in the file an error is: its line and column, from 1, when known.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct At(pub Option<(u64, u64)>);
-
-impl std::fmt::Display for At {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some((line, column)) => write!(f, " (line {line} column {column})"),
-            None => Ok(()),
-        }
-    }
-}
-
-impl ConfigError {
-    pub(crate) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            path: path.into(),
-            message: message.into(),
-            at: At::default(),
-        }
-    }
-
-    /// The error with the place in `text` it is about, if it names a path and no line.
-    fn located(mut self, text: &str) -> Self {
-        if let ConfigError::Invalid { path, at, .. } | ConfigError::MissingEnv { path, at, .. } =
-            &mut self
-            && at.0.is_none()
-        {
-            *at = At(parse::locate(text, path));
-        }
-        self
-    }
-}
+pub use error::{At, ConfigError};
+pub use sections::policy::reconcile::Reconcile;
+pub use sections::store::encryption::EncryptionKey;
+pub use sections::store::redis::SentinelConfig;
+pub use sections::store::{OnUnavailable, StoreConfig, StoreKind};
+pub use sections::telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};
+pub use sections::upstream::tls::{
+    CertFile, KeyFile, UpstreamTls, client_config as tls_client_config,
+};
+pub use sections::{
+    AdminConfig, AdminToken, Config, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, Policy,
+    RELOAD, Reload, ReloadKey, Route, RouteMatch, UpstreamConfig, Workers,
+};
 
 impl Config {
     /// Parse YAML text; `env` resolves `${VAR}` (pass `|k| std::env::var(k).ok()` in production).
@@ -266,8 +58,8 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let raw::File(raw) = parse::document(text, env)?;
-        validate::build(raw).map_err(|err| err.located(text))
+        let sections::top::File(config) = parse::document(text, env)?;
+        config.build().map_err(|err| err.located(text))
     }
 
     /// Reads and parses a file, resolving `${VAR}` from the process environment.
@@ -296,9 +88,9 @@ impl Config {
     ///
     /// A bad URL is reported under the path `--upstream`, the flag the operator typed.
     pub fn for_upstream(url: &str, listen: Option<SocketAddr>) -> Result<Config, ConfigError> {
-        let url = values::parse_upstream_url(url)
+        let url = types::http::parse_upstream_url(url)
             .map_err(|msg| ConfigError::invalid("--upstream", msg))?;
-        validate::build(top::RawConfig::for_upstream(url, listen))
+        Config::with_upstream(url, listen).build()
     }
 
     /// Effective configuration, defaults included, as YAML that `from_yaml_str` parses
@@ -310,110 +102,125 @@ impl Config {
     /// Durations print like `24h`, `10s`, `500ms`; sizes like `1MiB` or bare bytes.
     /// Routes print only the keys in which they differ from `idempotency`.
     pub fn to_yaml(&self) -> String {
-        render::to_yaml(self)
+        let yaml = serde_saphyr::to_string(self)
+            .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
+        format!(
+            "{}{}{}{yaml}",
+            masked_notice(self),
+            streaming_notice(self),
+            basic_notice(self)
+        )
     }
+}
 
-    /// Whether any route (or the default policy) lets duplicates wait for the owner.
-    pub fn uses_wait(&self) -> bool {
-        std::iter::once(&self.idempotency)
-            .chain(self.routes.iter().map(|r| &r.policy))
-            .any(|p| p.on_concurrent == OnConcurrent::Wait)
-    }
-
-    /// Index of the first route (file order) whose prefix matches `path` segment-wise;
-    /// `None` means the top-level `idempotency` policy applies.
-    ///
-    /// `/charges` matches `/charges` and `/charges/42` but never `/chargesX`; `/`
-    /// matches every path. A query string, if one is passed, is ignored. Overlapping
-    /// routes are allowed; a route listed after one that covers it never applies,
-    /// exactly as "first match wins" says.
-    /// The largest `max_response_body` of any policy: the most an operator's resolution
-    /// of an unknown outcome may record (docs/behaviour.md §18), since a record id does
-    /// not say which policy wrote it.
-    pub fn largest_response_body(&self) -> u64 {
-        self.routes
+/// The comment that says what a Basic principal is made of in each policy that has one
+/// (docs/behaviour.md §25): the user name and a hash of the password, or the user name
+/// alone where `replay_authorization` checks the password. A route is named when its
+/// `scope_principal` differs from `idempotency`'s, as it is printed then.
+fn basic_notice(config: &Config) -> String {
+    let base = &config.idempotency.scope_principal;
+    let sections = std::iter::once(("idempotency".to_owned(), base)).chain(
+        config
+            .routes
             .iter()
-            .map(|route| route.policy.max_response_body)
-            .fold(self.idempotency.max_response_body, u64::max)
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy.scope_principal))
+            .filter(|(_, own)| *own != base),
+    );
+    let mut notice = String::new();
+    for (section, source) in sections {
+        let Some(ScopePrincipal::Basic(made_of)) = source else {
+            continue;
+        };
+        let (what, why) = match made_of {
+            BasicPrincipal::UserAndPassword => (
+                "the user name and a SHA-256 of the password",
+                "no replay_authorization checks the password before a replay; a new \
+                 password is a new scope",
+            ),
+            BasicPrincipal::UserAlone => (
+                "the user name alone",
+                "replay_authorization checks the password before any replay",
+            ),
+        };
+        notice.push_str(&format!(
+            "# {section}: scope_principal basic: the principal is {what}\n#   ({why}).\n"
+        ));
     }
-
-    pub fn route_index(&self, path: &str) -> Option<usize> {
-        let path = path.split_once('?').map_or(path, |(path, _query)| path);
-        self.routes
+    notice
+}
+/// The comment that says which policies stream only some bodies
+/// (docs/behaviour.md §19): a key source or fingerprint that reads the body's JSON sees
+/// buffered bodies only, so there a body over `max_request_body` is still `413`.
+fn streaming_notice(config: &Config) -> String {
+    let sections = std::iter::once(("idempotency".to_owned(), &config.idempotency)).chain(
+        config
+            .routes
             .iter()
-            .position(|route| prefix_matches(&route.path, path, self.route_match))
+            .enumerate()
+            .map(|(i, route)| (format!("routes[{i}]"), &route.policy)),
+    );
+    let mut notice = String::new();
+    for (section, policy) in sections {
+        if let Some(needs_body) = policy.stream_limits() {
+            notice.push_str(&format!(
+                "# {section}: stream_request_body does not combine with {needs_body}: they \
+                 see buffered\n#   bodies only, so there a body over max_request_body is \
+                 answered 413 as without streaming.\n"
+            ));
+        }
     }
+    notice
 }
-
-impl StoreConfig {
-    /// The store URLs with any password replaced by `***`, fit for logs and `--check`.
-    pub fn redacted_urls(&self) -> Vec<String> {
-        self.urls.iter().map(|url| redact_url(url)).collect()
+/// The comment that opens the output when it holds `***` in place of a secret: such
+/// a file is refused until each is filled in, and the operator should learn why and
+/// where before trying to start from it.
+fn masked_notice(config: &Config) -> String {
+    let store = &config.store;
+    let mut keys = Vec::new();
+    if config.admin.token.is_some() {
+        keys.push("admin.token".to_owned());
     }
-}
-
-/// Whether route prefix `prefix` (normalised) covers request path `path`, comparing
-/// whole segments.
-fn prefix_matches(prefix: &str, path: &str, mode: RouteMatch) -> bool {
-    if prefix == "/" {
-        return true;
+    // A route prints `scope_principal` only when it differs from `idempotency`'s.
+    let has_secret = |source: &Option<ScopePrincipal>| matches!(source, Some(ScopePrincipal::Jwt(jwt)) if matches!(jwt.keys, JwtKeys::Secret(_)));
+    let base = &config.idempotency.scope_principal;
+    if has_secret(base) {
+        keys.push("idempotency.scope_principal.jwt.hs256_secret".to_owned());
     }
-    let Some(head) = path.get(..prefix.len()) else {
-        return false;
+    for (i, route) in config.routes.iter().enumerate() {
+        let own = &route.policy.scope_principal;
+        if own != base && has_secret(own) {
+            keys.push(format!("routes[{i}].scope_principal.jwt.hs256_secret"));
+        }
+    }
+    // The paths of the URLs that hold a secret, as `to_yaml` printed them.
+    let with_secrets = |urls: &[String], key: &str| -> Vec<String> {
+        urls.iter()
+            .enumerate()
+            .filter(|(_, url)| url_secret(url).is_some())
+            .map(|(i, _)| format!("{key}[{i}]"))
+            .collect()
     };
-    let same = match mode {
-        RouteMatch::Exact => head == prefix,
-        RouteMatch::CaseInsensitive => head.eq_ignore_ascii_case(prefix),
-    };
-    let rest = &path[prefix.len()..];
-    same && (rest.is_empty() || rest.starts_with('/'))
-}
-
-/// What `--check` prints in place of a secret. Loading refuses it as the value of a
-/// secret, so that printed output never starts a server that takes the mask for the
-/// secret (a token of `***` would let anyone who guesses it purge keys).
-const MASK: &str = "***";
-
-/// A `scheme://user:pass@host` URL cut around its secret: the password, or a lone
-/// user-info part, which some clients read as a password.
-struct UrlSecret<'a> {
-    /// Up to and including the `:` after the user name, or the `://` of a lone secret.
-    before: &'a str,
-    secret: &'a str,
-    /// From the `@` that ends the user-info on.
-    after: &'a str,
-}
-
-fn url_secret(url: &str) -> Option<UrlSecret<'_>> {
-    let (scheme, rest) = url.split_once("://")?;
-    // The last `@` ends the user-info: a password may contain an unescaped `@`, a host
-    // or a database path never does.
-    let (userinfo, _host) = rest.rsplit_once('@')?;
-    let start = scheme.len() + "://".len();
-    let start = start + userinfo.find(':').map_or(0, |colon| colon + 1);
-    let end = scheme.len() + "://".len() + userinfo.len();
-    Some(UrlSecret {
-        before: &url[..start],
-        secret: &url[start..end],
-        after: &url[end..],
-    })
-}
-
-/// The URL with its secret, if it has one, replaced by `mask`.
-fn mask_url(url: &str, mask: &str) -> String {
-    match url_secret(url) {
-        Some(cut) => format!("{}{mask}{}", cut.before, cut.after),
-        None => url.to_owned(),
+    // Only a Redis store's URLs are printed.
+    if store.kind == StoreKind::Redis {
+        match store.urls.as_slice() {
+            [url] if url_secret(url).is_some() => keys.push("store.url".to_owned()),
+            urls => keys.extend(with_secrets(urls, "store.urls")),
+        }
+        if let Some(sentinel) = &store.sentinel {
+            keys.extend(with_secrets(&sentinel.urls, "store.sentinel.urls"));
+        }
     }
-}
-
-/// Replaces the password (or a lone user-info part) of a URL with `***`.
-fn redact_url(url: &str) -> String {
-    mask_url(url, MASK)
-}
-
-/// Whether the URL's password is the mask, as written or percent-encoded (Redis clients
-/// decode it before sending it).
-fn url_secret_is_masked(url: &str) -> bool {
-    url_secret(url).is_some_and(|cut| cut.secret.replace("%2A", "*").replace("%2a", "*") == MASK)
+    keys.extend(sections::store::encryption::masked(&store.encryption));
+    keys.extend(sections::telemetry::masked(&config.telemetry));
+    if keys.is_empty() {
+        return String::new();
+    }
+    let mut notice = "# Secrets are printed as ***, which idemgate refuses as a secret: fill \
+                      these in\n# (the value, or ${VAR}) before starting it from this file:\n"
+        .to_owned();
+    for key in keys {
+        notice.push_str(&format!("#   {key}\n"));
+    }
+    notice
 }

@@ -13,7 +13,8 @@
 use serde::de::DeserializeOwned;
 use serde_saphyr::{DefaultMessageFormatter, Error, Location, MessageFormatter};
 
-use super::{At, ConfigError, interp};
+use super::error::{At, ConfigError};
+use super::interp;
 
 /// The largest configuration file, in bytes.
 pub(super) const MAX_BYTES: usize = 1 << 20;

@@ -261,11 +261,15 @@ proptest! {
         } else {
             StoreConfig { kind: StoreKind::File, path: file_path.into(), ..base.store.clone() }
         };
-        let upstream = values::parse_upstream_url(&format!("http://b:1{base_path}")).unwrap();
+        let upstream = types::http::parse_upstream_url(&format!("http://b:1{base_path}")).unwrap();
         let config = Config {
             upstream: UpstreamConfig { url: upstream, ..base.upstream.clone() },
             store: StoreConfig { key_prefix, ..store },
-            routes: vec![Route { path: route, policy: base.idempotency.clone() }],
+            routes: vec![Route {
+                path: route,
+                policy: base.idempotency.clone(),
+                base: base.idempotency.clone(),
+            }],
             log: LogConfig { level: level.to_owned(), ..base.log.clone() },
             ..base
         };

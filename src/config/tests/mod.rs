@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 
@@ -214,6 +215,7 @@ fn a_minimal_file_gets_every_default() {
         config.store,
         StoreConfig {
             kind: StoreKind::Memory,
+            written_url: None,
             urls: vec!["redis://127.0.0.1:6379/0".to_owned()],
             cluster: false,
             key_prefix: "idemgate:".to_owned(),
@@ -224,6 +226,7 @@ fn a_minimal_file_gets_every_default() {
             fsync: true,
             sentinel: None,
             min_replicas: 0,
+            written_encryption: None,
             encryption: Vec::new(),
             max_entries_per_scope: None,
         }
@@ -353,6 +356,7 @@ fn every_key_can_be_overridden() {
         config.store,
         StoreConfig {
             kind: StoreKind::Redis,
+            written_url: None,
             urls: vec!["rediss://user:pw@cache.internal:6380/3".to_owned()],
             cluster: false,
             key_prefix: "app1:".to_owned(),
@@ -369,6 +373,7 @@ fn every_key_can_be_overridden() {
                 ],
             }),
             min_replicas: 2,
+            written_encryption: None,
             encryption: Vec::new(),
             max_entries_per_scope: None,
         }

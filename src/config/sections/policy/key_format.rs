@@ -8,29 +8,38 @@
 
 use std::fmt;
 
-use super::render::{Mapping, Value};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
 
-use super::values::{Raw, Text};
+use crate::config::types::{Form, Shown, Text};
 use crate::idempotency::format::{KeyFormat, KeyPattern};
 
 /// `key_format` as written.
-#[derive(Debug, Clone)]
-pub(super) struct RawKeyFormat(KeyFormat);
+pub(crate) struct KeyFormatForm(KeyFormat);
 
-impl Raw for RawKeyFormat {
-    type Typed = KeyFormat;
-    fn typed(self) -> KeyFormat {
+impl Form for KeyFormatForm {
+    type Value = KeyFormat;
+    fn value(self) -> KeyFormat {
         self.0
+    }
+    /// A name, or `{regex: '...'}`, as the file writes it.
+    fn print<S: Serializer>(format: &KeyFormat, s: S) -> Result<S::Ok, S::Error> {
+        if let KeyFormat::Regex(pattern) = format {
+            let mut map = s.serialize_map(Some(1))?;
+            map.serialize_entry("regex", &Shown::<Text>(&pattern.as_str().to_owned()))?;
+            return map.end();
+        }
+        let name = format.name();
+        s.serialize_str(name.expect("every key format but a regex has a name"))
     }
 }
 
 const EXPECTING: &str = "one of any, uuid, uuidv4, uuidv7, or {regex: '...'}";
 
-impl<'de> Deserialize<'de> for RawKeyFormat {
+impl<'de> Deserialize<'de> for KeyFormatForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FormatVisitor).map(RawKeyFormat)
+        d.deserialize_any(FormatVisitor).map(KeyFormatForm)
     }
 }
 
@@ -70,18 +79,4 @@ impl<'de> Visitor<'de> for FormatVisitor {
             .map(KeyFormat::Regex)
             .map_err(de::Error::custom)
     }
-}
-
-/// `key_format` as the file writes it.
-pub(super) fn show(format: &KeyFormat) -> Value {
-    if let KeyFormat::Regex(pattern) = format {
-        let mut map = Mapping::new();
-        map.insert("regex".into(), pattern.as_str().into());
-        return Value::Mapping(map);
-    }
-    Value::from(
-        format
-            .name()
-            .expect("every key format but a regex has a name"),
-    )
 }

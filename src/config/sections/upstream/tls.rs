@@ -9,20 +9,19 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::ser::Serializer;
+use serde::{Deserialize, Serialize};
 
-use super::render::{Mapping, Value};
+use crate::config::types::{Text, text};
 
-use super::values::{Null, Raw, Text, null};
-
-null! {
-    refused:;
-    default: RawTls,
-}
-
-/// The PEM files of `upstream.tls`, each with what it held.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// The PEM files of `upstream.tls`, each with what it held; `null` is none.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(
+    deny_unknown_fields,
+    default,
+    expecting = "a mapping with ca_file, cert_file, key_file"
+)]
 pub struct UpstreamTls {
     /// Extra trust anchors, besides the system store.
     pub ca_file: Option<CertFile>,
@@ -117,51 +116,17 @@ impl<'de> Deserialize<'de> for KeyFile {
     }
 }
 
-/// `upstream.tls` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "a mapping with ca_file, cert_file, key_file"
-)]
-pub(super) struct RawTls {
-    pub(super) ca_file: Option<CertFile>,
-    pub(super) cert_file: Option<CertFile>,
-    pub(super) key_file: Option<KeyFile>,
-}
-
-impl Raw for RawTls {
-    type Typed = Option<UpstreamTls>;
-    fn typed(self) -> Option<UpstreamTls> {
-        Some(UpstreamTls {
-            ca_file: self.ca_file,
-            cert_file: self.cert_file,
-            key_file: self.key_file,
-        })
+/// `--check` prints the path of each file, `null` for one not given.
+impl Serialize for CertFile {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        text(&self.path.to_string_lossy(), s)
     }
 }
 
-/// `--check` prints the three paths (`null` for one not given), or `null` without
-/// `upstream.tls`.
-pub(super) fn render(tls: &Option<UpstreamTls>) -> Value {
-    let Some(tls) = tls else {
-        return Value::Null;
-    };
-    let path =
-        |path: Option<&PathBuf>| path.map_or(Value::Null, |p| p.to_string_lossy().as_ref().into());
-    let mut map = Mapping::new();
-    map.insert(
-        "ca_file".into(),
-        path(tls.ca_file.as_ref().map(|f| &f.path)),
-    );
-    map.insert(
-        "cert_file".into(),
-        path(tls.cert_file.as_ref().map(|f| &f.path)),
-    );
-    map.insert(
-        "key_file".into(),
-        path(tls.key_file.as_ref().map(|f| &f.path)),
-    );
-    Value::Mapping(map)
+impl Serialize for KeyFile {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        text(&self.path.to_string_lossy(), s)
+    }
 }
 
 /// The rustls client configuration for `tls` (none: the system store alone) with

@@ -1,45 +1,31 @@
-//! The keys of an `idempotency` policy, each declared once.
-//!
-//! A policy key is read in the top-level `idempotency` section and in every route,
-//! where it overrides the top-level value; `--check` prints it in both places. One
-//! entry per key below generates all of that:
-//!
-//! ```text
-//! /// doc comment
-//! key: TypedType = default, from RawType, show render_fn;
-//! ```
-//!
-//! - the field of [`Policy`] (with the doc comment) and its `Default`;
-//! - the field of [`RawPolicy`] and [`RawRoute`], both `deny_unknown_fields`: `RawType`
-//!   parses the value inside its own `Deserialize`, so an error names its path
-//!   (`routes[1].ttl`), and [`Raw::typed`] turns it into `TypedType`;
-//! - the building of `idempotency` (the defaults with the keys it writes replaced) and
-//!   of a route (`idempotency` with the keys it writes replaced, [`RawRoute::merge`]);
-//! - the printing ([`Policy::to_mapping`]), where `render_fn` takes `&TypedType`.
-//!
-//! Keys under `route_only` belong to routes alone (`idempotency` refuses them, so
-//! there they keep their default). The order of the keys is the order of the
-//! configuration file's description (docs/behaviour.md §6), of the error messages that
-//! list the keys, and of `--check`.
+//! `idempotency` and every route's policy (docs/behaviour.md §6, §9, §10, §17-§19):
+//! each key declared once, in `policy_keys!` below, which generates the policy, its two
+//! written forms, their merging and the printing; the checks across its keys; and what
+//! a policy does with a request (its key, scope and fingerprint).
 
 use std::time::Duration;
 
-use super::render::Mapping;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
 
-use super::key_format::{self, RawKeyFormat};
-use super::reconcile::{self, RawReconcile, Reconcile};
-use super::render::{
-    choice, duration, flag, header_name, header_pairs, headers, key_sources, methods, pointers,
-    size, statuses, strings,
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+mod key_format;
+mod key_from;
+pub(crate) mod reconcile;
+mod scope_principal;
+
+use self::key_format::KeyFormatForm;
+use self::key_from::KeyFrom;
+use self::reconcile::{Reconcile, ReconcileForm};
+use self::scope_principal::ScopePrincipalForm;
+use crate::config::error::ConfigError;
+use crate::config::types::http::{
+    CookieName, Header, HeaderPairs, Headers, Methods, Pointer, Status,
 };
-use super::scope_principal::{self, RawScopePrincipal};
-use super::values::{
-    CookieName, Dur, Flag, Header, HeaderPairs, KeyFrom, Lease, Methods, Null, Pick, Pointer, Raw,
-    Size, Status, Text, given, null,
-};
-use super::{ConfigError, OnConcurrent, OnUnknownOutcome};
+use crate::config::types::units::{Dur, Flag, Lease, Size};
+use crate::config::types::{Choice, Form, Pick, Shown, Text, given};
+use crate::config::{OnConcurrent, OnUnknownOutcome};
 use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
 use crate::idempotency::format::KeyFormat;
 use crate::idempotency::key::ByPrincipal;
@@ -48,21 +34,31 @@ use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
 use crate::principal::{Principal, ScopePrincipal};
 
-/// Generates [`Policy`], its `Default`, [`RawPolicy`], [`RawRoute`] and the merging and
-/// printing of their keys from one declaration per key.
+/// Generates [`Policy`], its `Default`, [`WrittenPolicy`], [`WrittenRoute`], their merging and
+/// the printing of the keys from one declaration per key:
 ///
-/// (`#[serde(flatten)]` could share the fields of the two raw structs, but it disables
+/// ```text
+/// /// doc comment
+/// key: Type = default, from Form;
+/// ```
+///
+/// `Form` reads the key (in `idempotency` and in every route, where it overrides the
+/// top-level value) and prints it for `--check`. Keys under `route_only` belong to
+/// routes alone (`idempotency` refuses them). The order of the keys is that of the
+/// configuration file's description (docs/behaviour.md §6), of the error messages that
+/// list the keys, and of `--check`.
+///
+/// (`#[serde(flatten)]` could share the fields of the two written forms, but it disables
 /// `deny_unknown_fields` and loses error paths.)
 macro_rules! policy_keys {
     (
         route_only {$(
             $(#[$route_doc:meta])*
-            $route_key:ident: $route_ty:ty = $route_default:expr,
-                from $route_raw:ty, show $route_show:path;
+            $route_key:ident: $route_ty:ty = $route_default:expr, from $route_raw:ty;
         )*}
         inherited {$(
             $(#[$doc:meta])*
-            $key:ident: $ty:ty = $default:expr, from $raw:ty, show $show:path;
+            $key:ident: $ty:ty = $default:expr, from $raw:ty;
         )*}
     ) => {
         /// An `idempotency` policy: the top-level section, or a route's merged copy of it.
@@ -83,18 +79,18 @@ macro_rules! policy_keys {
         }
 
         /// The top-level `idempotency` section as written.
-        #[derive(Debug, Default, Deserialize)]
+        #[derive(Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(super) struct RawPolicy {
+        pub(crate) struct WrittenPolicy {
             #[serde(default, deserialize_with = "given")]
             header: Option<Header>,
             $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
         }
 
         /// A `routes[]` entry as written: its path prefix and its policy keys.
-        #[derive(Debug, Default, Deserialize)]
+        #[derive(Default, Deserialize)]
         #[serde(deny_unknown_fields, expecting = "a mapping of idempotency keys")]
-        pub(super) struct RawRoute {
+        pub(crate) struct WrittenRoute {
             #[serde(default, deserialize_with = "given")]
             path: Option<Text>,
             $(#[serde(default, deserialize_with = "given")] $route_key: Option<$route_raw>,)*
@@ -103,53 +99,73 @@ macro_rules! policy_keys {
             $(#[serde(default, deserialize_with = "given")] $key: Option<$raw>,)*
         }
 
-        impl Raw for RawPolicy {
-            type Typed = Policy;
-
+        impl WrittenPolicy {
             /// The defaults, with the keys written here replaced.
-            fn typed(self) -> Policy {
+            pub(crate) fn policy(self) -> Policy {
                 let mut policy = Policy::default();
                 if let Some(header) = self.header {
-                    policy.key_from = vec![KeySource::Header(header.typed())];
+                    policy.key_from = vec![KeySource::Header(header.value())];
                 }
                 $(if let Some(value) = self.$key {
-                    policy.$key = value.typed();
+                    policy.$key = value.value();
                 })*
                 policy
             }
         }
 
-        impl RawRoute {
+        impl WrittenRoute {
             /// The route's path prefix (`None` if missing) and its effective policy:
             /// `base` with the keys written here replaced.
-            pub(super) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
+            pub(crate) fn merge(self, base: &Policy) -> (Option<String>, Policy) {
                 let mut policy = base.clone();
                 $(if let Some(value) = self.$route_key {
-                    policy.$route_key = value.typed();
+                    policy.$route_key = value.value();
                 })*
                 if let Some(header) = self.header {
-                    policy.key_from = vec![KeySource::Header(header.typed())];
+                    policy.key_from = vec![KeySource::Header(header.value())];
                 }
                 $(if let Some(value) = self.$key {
-                    policy.$key = value.typed();
+                    policy.$key = value.value();
                 })*
                 (self.path.map(|path| path.0), policy)
             }
         }
 
         impl Policy {
-            /// The policy's keys as YAML, `key_from` as written in the struct.
-            fn keys_to_mapping(&self, base: Option<&Policy>) -> Mapping {
-                let mut map = Mapping::new();
+            /// The keys `--check` prints: every key of `idempotency` (`base` none), or
+            /// those in which a route differs from `base`, since it inherits the rest.
+            /// Sources that are one header are printed in the short form, `header: X`,
+            /// as the default is written (docs/behaviour.md §6); an unset key is left
+            /// out (`null` is refused, as for any key, and a route cannot unset what it
+            /// inherits, so this loses nothing).
+            pub(crate) fn print<M: SerializeMap>(
+                &self,
+                base: Option<&Policy>,
+                map: &mut M,
+            ) -> Result<(), M::Error> {
                 if let Some(base) = base {
                     $(if self.$route_key != base.$route_key {
-                        map.insert(stringify!($route_key).into(), $route_show(&self.$route_key));
+                        map.serialize_entry(
+                            stringify!($route_key),
+                            &Shown::<$route_raw>(&self.$route_key),
+                        )?;
                     })*
                 }
-                $(if base.is_none_or(|base| self.$key != base.$key) {
-                    map.insert(stringify!($key).into(), $show(&self.$key));
+                let header = match self.key_from.as_slice() {
+                    [KeySource::Header(name)] => Some(name),
+                    _ => None,
+                };
+                $(if base.is_none_or(|base| self.$key != base.$key)
+                    && !<$raw as Form>::unset(&self.$key)
+                {
+                    match header {
+                        Some(name) if stringify!($key) == "key_from" => {
+                            map.serialize_entry("header", &Shown::<Header>(name))?;
+                        }
+                        _ => map.serialize_entry(stringify!($key), &Shown::<$raw>(&self.$key))?,
+                    }
                 })*
-                map
+                Ok(())
             }
         }
     };
@@ -159,7 +175,7 @@ policy_keys! {
     route_only {
         /// `false` passes every request of the route through unguarded, as if it
         /// listed no method.
-        enabled: bool = true, from Flag, show flag;
+        enabled: bool = true, from Flag;
     }
     inherited {
         /// Where the key comes from, in order (docs/behaviour.md §9); `header: X` is
@@ -167,36 +183,36 @@ policy_keys! {
         key_from: Vec<KeySource> = vec![KeySource::Header(HeaderName::from_static(
             "idempotency-key",
         ))],
-            from KeyFrom, show key_sources;
+            from KeyFrom;
         /// The guarded methods: non-empty, upper-case; other methods pass through.
         methods: Vec<Method> = vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE],
-            from Methods, show methods;
+            from Methods;
         /// Whether a guarded request without a key is refused (`400 missing-key`)
         /// rather than passed through.
-        required: bool = false, from Flag, show flag;
+        required: bool = false, from Flag;
         /// What every key a source finds must look like (docs/behaviour.md §18), so that
         /// a client's malformed key is refused rather than guarded: `any`, a UUID form,
         /// or a regex, compiled once when the configuration loads.
-        key_format: KeyFormat = KeyFormat::Any, from RawKeyFormat, show key_format::show;
+        key_format: KeyFormat = KeyFormat::Any, from KeyFormatForm;
         /// How long a completed record is replayed.
-        ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur, show duration;
+        ttl: Duration = Duration::from_secs(24 * 60 * 60), from Dur;
         /// How long an in-flight marker outlives its last renewal: the longest a
         /// crashed proxy blocks retries of its key.
-        lease: Duration = Duration::from_secs(10), from Lease, show duration;
+        lease: Duration = Duration::from_secs(10), from Lease;
         /// What a duplicate of a request still in flight gets.
         on_concurrent: OnConcurrent = OnConcurrent::Reject,
-            from Pick<OnConcurrent>, show choice;
+            from Pick<OnConcurrent>;
         /// How long `on_concurrent: wait` waits before answering `409`.
-        wait_timeout: Duration = Duration::from_secs(10), from Dur, show duration;
+        wait_timeout: Duration = Duration::from_secs(10), from Dur;
         /// What becomes of a claim whose request may or may not have reached the
         /// upstream (timeout or reset after sending, or an expired lease).
         on_unknown_outcome: OnUnknownOutcome = OnUnknownOutcome::Record,
-            from Pick<OnUnknownOutcome>, show choice;
+            from Pick<OnUnknownOutcome>;
         /// How to ask the upstream whether a request whose outcome is unknown executed,
         /// before `outcome-unknown` is recorded (docs/behaviour.md §18): an upstream that
         /// can look a charge up by its key settles most timeouts itself. Unset: never
         /// asked.
-        reconcile: Option<Reconcile> = None, from RawReconcile, show reconcile::show;
+        reconcile: Option<Reconcile> = None, from ReconcileForm;
         /// Upstream statuses that mean "refused before doing work": the claim is
         /// released instead of recorded, so a retry executes. `401` and `403` among
         /// them: recording refusals would let made-up credentials fill the store
@@ -207,64 +223,78 @@ policy_keys! {
             StatusCode::TOO_MANY_REQUESTS,
             StatusCode::SERVICE_UNAVAILABLE,
         ],
-            from Vec<Status>, show statuses;
+            from Vec<Status>;
         /// Request headers whose values scope the key, so that two clients never see
         /// each other's responses.
         scope_headers: Vec<HeaderName> = vec![header::AUTHORIZATION],
-            from Vec<Header>, show headers;
+            from Headers;
         /// Cookies whose values scope the key too, for APIs that authenticate by cookie.
-        scope_cookies: Vec<String> = Vec::new(), from Vec<CookieName>, show strings;
+        scope_cookies: Vec<String> = Vec::new(), from Vec<CookieName>;
         /// Who the caller is, verified (docs/behaviour.md §17): when set, it scopes the
         /// key in place of `authorization` and of the header it reads, so that a
         /// refreshed token keeps the scope.
         scope_principal: Option<ScopePrincipal> = None,
-            from RawScopePrincipal, show scope_principal::show;
+            from ScopePrincipalForm;
         /// Whether a guarded request without a credential is refused
         /// (`401 missing-credentials`) rather than scoped as anonymous.
-        require_principal: bool = false, from Flag, show flag;
+        require_principal: bool = false, from Flag;
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
-            from Vec<Header>, show headers;
+            from Headers;
         /// Whether the query string enters the fingerprint; `false` hashes method and
         /// path alone (the upstream still gets the query as sent).
-        fingerprint_query: bool = true, from Flag, show flag;
+        fingerprint_query: bool = true, from Flag;
         /// How the body enters the fingerprint: its bytes, or its canonical JSON form
         /// (RFC 8785) when it parses as JSON.
-        fingerprint_body: BodyForm = BodyForm::Raw, from Pick<BodyForm>, show choice;
+        fingerprint_body: BodyForm = BodyForm::Raw, from Pick<BodyForm>;
         /// JSON Pointers to members or elements of a JSON body left out of the
         /// fingerprint (`fingerprint_body: json` only).
-        fingerprint_ignore: Vec<JsonPointer> = Vec::new(), from Vec<Pointer>, show pointers;
+        fingerprint_ignore: Vec<JsonPointer> = Vec::new(), from Vec<Pointer>;
         /// Upstream response headers that are not stored, hence never replayed.
         replay_drop_headers: Vec<HeaderName> = vec![header::SET_COOKIE, header::DATE],
-            from Vec<Header>, show headers;
+            from Headers;
         /// Upstream response headers the first client gets but that are never stored,
         /// hence never replayed (docs/behaviour.md §17), on top of `replay_drop_headers`
         /// (which a list replaces): e.g. `[set-cookie]` kept out of the store whatever
         /// `replay_drop_headers` says.
-        record_exclude_headers: Vec<HeaderName> = Vec::new(), from Vec<Header>, show headers;
+        record_exclude_headers: Vec<HeaderName> = Vec::new(), from Headers;
         /// Headers added to a replay of a recorded status of 500 or more, which cannot
         /// change: SDKs that read them stop retrying it.
         replay_error_headers: Vec<(HeaderName, HeaderValue)> = vec![(
             HeaderName::from_static("x-should-retry"),
             HeaderValue::from_static("false"),
         )],
-            from HeaderPairs, show header_pairs;
+            from HeaderPairs;
         /// Larger guarded request bodies are refused (`413`) before anything is stored,
         /// unless `stream_request_body` streams them.
-        max_request_body: u64 = 1 << 20, from Size, show size;
+        max_request_body: u64 = 1 << 20, from Size;
         /// Whether a guarded body larger than `max_request_body` is streamed to the
         /// upstream while it is hashed, instead of refused (docs/behaviour.md §19).
-        stream_request_body: bool = false, from Flag, show flag;
+        stream_request_body: bool = false, from Flag;
         /// Larger streamed request bodies are refused (`413`).
-        max_streamed_body: u64 = 1 << 30, from Size, show size;
+        max_streamed_body: u64 = 1 << 30, from Size;
         /// Larger response bodies are not stored; a retry gets `409 not-replayable`.
-        max_response_body: u64 = 4 << 20, from Size, show size;
+        max_response_body: u64 = 4 << 20, from Size;
     }
 }
 
-null! {
-    refused: RawKeyFormat, RawReconcile, RawScopePrincipal;
-    default: RawPolicy,
+/// A policy as `--check` prints it: `idempotency`, or a route (its `path`, and the
+/// keys in which it differs from `base`).
+pub(crate) struct Printed<'a> {
+    pub(crate) path: Option<&'a str>,
+    pub(crate) policy: &'a Policy,
+    pub(crate) base: Option<&'a Policy>,
+}
+
+impl Serialize for Printed<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        if let Some(path) = self.path {
+            map.serialize_entry("path", &Shown::<Text>(&path.to_owned()))?;
+        }
+        self.policy.print(self.base, &mut map)?;
+        map.end()
+    }
 }
 
 /// The two spellings of a section's key sources (docs/behaviour.md §9): `header: X` is
@@ -286,49 +316,19 @@ fn one_spelling<H, K>(
     Ok(())
 }
 
-impl RawPolicy {
-    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+impl WrittenPolicy {
+    pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
 }
 
-impl RawRoute {
-    pub(super) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
+impl WrittenRoute {
+    pub(crate) fn check_spelling(&self, section: &str) -> Result<(), ConfigError> {
         one_spelling(&self.header, &self.key_from, section)
     }
 }
 
 impl Policy {
-    /// The policy's keys as YAML; for a route (`base` given) only those that differ
-    /// from `base`, since the route inherits the rest. Sources that are one header are
-    /// printed in the short form, `header: X`, as the default is written
-    /// (docs/behaviour.md §6).
-    pub(super) fn to_mapping(&self, base: Option<&Policy>) -> Mapping {
-        let mut keys = self.keys_to_mapping(base);
-        // Unset is written by leaving the key out (`null` is refused, as for any key);
-        // a route cannot unset what it inherits, so this loses nothing.
-        for optional in ["scope_principal", "reconcile"] {
-            if keys
-                .get(optional)
-                .is_some_and(super::render::Value::is_null)
-            {
-                keys.remove(optional);
-            }
-        }
-        let [KeySource::Header(name)] = self.key_from.as_slice() else {
-            return keys;
-        };
-        keys.into_iter()
-            .map(|(key, value)| {
-                if key == "key_from" {
-                    ("header".into(), header_name(name))
-                } else {
-                    (key, value)
-                }
-            })
-            .collect()
-    }
-
     /// The key of a request under this policy: the first of its sources that is
     /// present (docs/behaviour.md §9), which must have the policy's `key_format`
     /// (docs/behaviour.md §18). A `fingerprint` key is the request's own, never the
@@ -453,6 +453,85 @@ impl Policy {
     }
 }
 
+/// The checks of key sources and fingerprints that involve two keys
+/// (docs/behaviour.md §9, §10), on the merged policy, so that a route is refused for a
+/// combination it inherits half of too.
+impl Policy {
+    pub(crate) fn check(&self, section: &str) -> Result<(), ConfigError> {
+        check_window(self, section)?;
+        check_fingerprint(self, section)?;
+        check_streaming(self, section)
+    }
+}
+
+/// A streamed body is one over `max_request_body` and at most `max_streamed_body`
+/// (docs/behaviour.md §19): a smaller `max_streamed_body` would leave no body to stream.
+fn check_streaming(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.stream_request_body && policy.max_streamed_body < policy.max_request_body {
+        return Err(ConfigError::invalid(
+            format!("{section}.max_streamed_body"),
+            format!(
+                "{} is smaller than max_request_body ({}); a streamed body is one larger \
+                 than max_request_body",
+                policy.max_streamed_body, policy.max_request_body
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A `fingerprint` source keeps its records for its window instead of `ttl`, and no
+/// longer (docs/behaviour.md §9).
+fn check_window(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    for (index, source) in policy.key_from.iter().enumerate() {
+        if let KeySource::Fingerprint(window) = source
+            && *window > policy.ttl
+        {
+            return Err(ConfigError::invalid(
+                format!("{section}.key_from[{index}].fingerprint"),
+                format!(
+                    "window {} is longer than ttl {}; the window must be no longer than ttl",
+                    crate::config::types::units::format_duration(*window),
+                    crate::config::types::units::format_duration(policy.ttl)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `fingerprint_ignore` points into JSON, which `fingerprint_body: raw` never reads
+/// (docs/behaviour.md §10).
+fn check_fingerprint(policy: &Policy, section: &str) -> Result<(), ConfigError> {
+    if policy.fingerprint_body == BodyForm::Raw && !policy.fingerprint_ignore.is_empty() {
+        return Err(ConfigError::invalid(
+            format!("{section}.fingerprint_ignore"),
+            "needs fingerprint_body: json; with raw the body is hashed byte for byte and \
+             no pointer can leave a part of it out",
+        ));
+    }
+    Ok(())
+}
+
+impl Choice for OnConcurrent {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("reject", OnConcurrent::Reject),
+        ("wait", OnConcurrent::Wait),
+    ];
+}
+
+impl Choice for OnUnknownOutcome {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("record", OnUnknownOutcome::Record),
+        ("release", OnUnknownOutcome::Release),
+    ];
+}
+
+impl Choice for BodyForm {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("raw", BodyForm::Raw), ("json", BodyForm::Json)];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,12 +544,23 @@ mod tests {
             ttl: Duration::from_secs(60),
             ..Policy::default()
         };
-        let (path, policy) = RawRoute::default().merge(&base);
+        let (path, policy) = WrittenRoute::default().merge(&base);
         assert_eq!(path, None);
         assert_eq!(policy, base);
-        assert!(policy.to_mapping(Some(&base)).is_empty());
-        let top = base.to_mapping(None);
-        assert!(top.contains_key("ttl") && !top.contains_key("enabled"));
+        let printed = |policy, base| {
+            let printed = Printed {
+                path: None,
+                policy,
+                base,
+            };
+            serde_saphyr::to_string(&printed).expect("prints")
+        };
+        assert_eq!(printed(&policy, Some(&base)), "{}\n");
+        let top = printed(&base, None);
+        assert!(
+            top.contains("\nttl: 1m\n") && !top.contains("enabled"),
+            "{top}"
+        );
     }
 
     /// Under `scope_principal` the principal replaces `Authorization` and the header it

@@ -3,18 +3,13 @@
 //! is rotated by listing a new one first and dropping the old one once its records have
 //! expired.
 
-use super::render::{Mapping, Value};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::Deserialize;
 
-use super::values::{Null, Text, given, null};
-use super::{ConfigError, MASK};
-
-null! {
-    refused: RawEncryption;
-    default:
-}
+use crate::config::error::ConfigError;
+use crate::config::types::secret::MASK;
+use crate::config::types::{Opt, Text, given};
 
 /// Key material: 32 bytes, for AES-256-GCM.
 pub(crate) const KEY_LEN: usize = 32;
@@ -43,32 +38,34 @@ impl std::fmt::Debug for EncryptionKey {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with keys")]
-pub(super) struct RawEncryption {
-    #[serde(default, deserialize_with = "given")]
-    keys: Option<Vec<RawKey>>,
+/// `encryption` as written: key texts, checked by [`build`] so that an error can name
+/// a key by its `id`.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping with keys")]
+pub(crate) struct WrittenEncryption {
+    #[serde(deserialize_with = "given")]
+    keys: Option<Vec<WrittenKey>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a mapping with id and key")]
-struct RawKey {
-    #[serde(default, deserialize_with = "given")]
-    id: Option<Text>,
-    #[serde(default, deserialize_with = "given")]
-    key: Option<Text>,
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default, expecting = "a mapping with id and key")]
+struct WrittenKey {
+    #[serde(with = "Opt::<Text>")]
+    id: Option<String>,
+    #[serde(with = "Opt::<Text>")]
+    key: Option<String>,
 }
 
 /// The most characters of an id: it is stored in every sealed record.
 const MAX_ID_LEN: usize = 64;
 
 /// The typed keys, each checked and named by its `id` in any error.
-pub(super) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, ConfigError> {
+pub(crate) fn build(raw: Option<WrittenEncryption>) -> Result<Vec<EncryptionKey>, ConfigError> {
     let raw_keys = raw.and_then(|r| r.keys).unwrap_or_default();
     let mut keys: Vec<EncryptionKey> = Vec::with_capacity(raw_keys.len());
     for (i, raw) in raw_keys.into_iter().enumerate() {
         let at = format!("store.encryption.keys[{i}]");
-        let id = raw.id.map(|id| id.0).unwrap_or_default();
+        let id = raw.id.unwrap_or_default();
         if id.is_empty() || id.len() > MAX_ID_LEN || !id.chars().all(|c| c.is_ascii_graphic()) {
             return Err(ConfigError::invalid(
                 format!("{at}.id"),
@@ -85,7 +82,7 @@ pub(super) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, Co
             ));
         }
         let named = format!("{at}.key (id '{id}')");
-        let text = raw.key.map(|key| key.0).unwrap_or_default();
+        let text = raw.key.unwrap_or_default();
         if text == MASK {
             return Err(ConfigError::invalid(
                 named,
@@ -111,23 +108,7 @@ pub(super) fn build(raw: Option<RawEncryption>) -> Result<Vec<EncryptionKey>, Co
     Ok(keys)
 }
 
-/// `store.encryption` as `--check` prints it: ids, and `***` for every key.
-pub(super) fn render(keys: &[EncryptionKey]) -> Value {
-    let list: Vec<Value> = keys
-        .iter()
-        .map(|key| {
-            let mut map = Mapping::new();
-            map.insert("id".into(), key.id.as_str().into());
-            map.insert("key".into(), MASK.into());
-            Value::Mapping(map)
-        })
-        .collect();
-    let mut map = Mapping::new();
-    map.insert("keys".into(), Value::Sequence(list));
-    Value::Mapping(map)
-}
-
 /// The paths `--check` masks, for the notice that opens its output.
-pub(super) fn masked(keys: &[EncryptionKey]) -> impl Iterator<Item = String> + '_ {
+pub(crate) fn masked(keys: &[EncryptionKey]) -> impl Iterator<Item = String> + '_ {
     (0..keys.len()).map(|i| format!("store.encryption.keys[{i}].key"))
 }

@@ -5,13 +5,14 @@
 
 use std::time::Duration;
 
-use super::render::{Mapping, Value};
 use http::{HeaderName, Method, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
+use serde::ser::{SerializeMap, Serializer};
 
-use super::render::{duration, header_name};
-use super::values::{Count, Dur, Header, Raw, Text, given};
+use crate::config::types::http::Header;
+use crate::config::types::units::{Count, Dur};
+use crate::config::types::{Form, Shown, Text, given};
 
 /// The lookup, as a policy has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,12 +87,27 @@ fn percent_encoded(key: &str, dots: bool) -> String {
 
 /// `reconcile` as written.
 #[derive(Debug, Clone)]
-pub(super) struct RawReconcile(Reconcile);
+pub(crate) struct ReconcileForm(Reconcile);
 
-impl Raw for RawReconcile {
-    type Typed = Option<Reconcile>;
-    fn typed(self) -> Option<Reconcile> {
+impl Form for ReconcileForm {
+    type Value = Option<Reconcile>;
+    fn value(self) -> Option<Reconcile> {
         Some(self.0)
+    }
+    fn unset(reconcile: &Option<Reconcile>) -> bool {
+        reconcile.is_none()
+    }
+    fn print<S: Serializer>(reconcile: &Option<Reconcile>, s: S) -> Result<S::Ok, S::Error> {
+        let Some(r) = reconcile else {
+            return s.serialize_none();
+        };
+        let mut map = s.serialize_map(Some(5))?;
+        map.serialize_entry("method", r.method.as_str())?;
+        map.serialize_entry("path", &Shown::<Text>(&r.path))?;
+        map.serialize_entry("copy_headers", &Shown::<Vec<Header>>(&r.copy_headers))?;
+        map.serialize_entry("timeout", &Shown::<Dur>(&r.timeout))?;
+        map.serialize_entry("attempts", &r.attempts)?;
+        map.end()
     }
 }
 
@@ -113,7 +129,7 @@ struct Fields {
     attempts: Option<Count>,
 }
 
-impl<'de> Deserialize<'de> for RawReconcile {
+impl<'de> Deserialize<'de> for ReconcileForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let f = Fields::deserialize(d)?;
         let method = match f.method {
@@ -142,12 +158,12 @@ impl<'de> Deserialize<'de> for RawReconcile {
                 )));
             }
         };
-        Ok(RawReconcile(Reconcile {
+        Ok(ReconcileForm(Reconcile {
             method,
             path,
             copy_headers: f.copy_headers.map_or_else(
                 || vec![header::AUTHORIZATION],
-                |headers| headers.into_iter().map(|h| h.0).collect(),
+                |headers| headers.into_iter().map(Form::value).collect(),
             ),
             timeout: f.timeout.map_or(DEFAULT_TIMEOUT, |d| d.0),
             attempts,
@@ -179,21 +195,6 @@ fn check_path(path: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// `reconcile` for `--check`: `null` when unset.
-pub(super) fn show(reconcile: &Option<Reconcile>) -> Value {
-    let Some(r) = reconcile else {
-        return Value::Null;
-    };
-    let mut map = Mapping::new();
-    map.insert("method".into(), r.method.as_str().into());
-    map.insert("path".into(), r.path.as_str().into());
-    let headers: Vec<Value> = r.copy_headers.iter().map(header_name).collect();
-    map.insert("copy_headers".into(), headers.into());
-    map.insert("timeout".into(), duration(&r.timeout));
-    map.insert("attempts".into(), u64::from(r.attempts).into());
-    Value::Mapping(map)
 }
 
 #[cfg(test)]

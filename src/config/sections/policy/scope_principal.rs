@@ -9,29 +9,74 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::render::{Mapping, Value};
 use http::{Uri, header};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
-use super::MASK;
-use super::render::{duration, header_name};
-use super::values::{Dur, Flag, Header, Null, Raw, Text, given, null};
+use serde::ser::{SerializeMap, Serializer};
 
-null! {
-    refused: RawJwt, JwksFile, JwksUrl, SecretText;
-    default:
-}
+use crate::config::types::http::Header;
+use crate::config::types::secret::MASK;
+use crate::config::types::secret::Mask;
+use crate::config::types::units::{Dur, Flag};
+use crate::config::types::{Form, Shown, Text, given};
 use crate::principal::{BasicPrincipal, JwtKeys, JwtSource, ScopePrincipal, Secret, parse_jwks};
 
 /// `scope_principal` as written: exactly one of its three sources.
-#[derive(Debug, Clone)]
-pub(super) struct RawScopePrincipal(ScopePrincipal);
+pub(crate) struct ScopePrincipalForm(ScopePrincipal);
 
-impl Raw for RawScopePrincipal {
-    type Typed = Option<ScopePrincipal>;
-    fn typed(self) -> Option<ScopePrincipal> {
+impl Form for ScopePrincipalForm {
+    type Value = Option<ScopePrincipal>;
+    fn value(self) -> Option<ScopePrincipal> {
         Some(self.0)
+    }
+    fn unset(source: &Option<ScopePrincipal>) -> bool {
+        source.is_none()
+    }
+    /// As written, the secret as `***`.
+    fn print<S: Serializer>(source: &Option<ScopePrincipal>, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(1))?;
+        match source {
+            None => return map.end(),
+            Some(ScopePrincipal::Jwt(jwt)) => map.serialize_entry("jwt", &Jwt(jwt))?,
+            Some(ScopePrincipal::TrustedHeader(name)) => {
+                map.serialize_entry("trusted_header", &Shown::<Header>(name))?;
+            }
+            Some(ScopePrincipal::Basic(_)) => map.serialize_entry("basic", &true)?,
+        }
+        map.end()
+    }
+}
+
+/// `scope_principal.jwt` as `--check` prints it.
+struct Jwt<'a>(&'a JwtSource);
+
+impl serde::Serialize for Jwt<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let jwt = self.0;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("header", &Shown::<Header>(&jwt.header))?;
+        map.serialize_entry("claims", &Shown::<Vec<Text>>(&jwt.claims))?;
+        match &jwt.keys {
+            JwtKeys::File { path, .. } => {
+                let path = path.to_string_lossy().into_owned();
+                map.serialize_entry("jwks_file", &Shown::<Text>(&path))?;
+            }
+            JwtKeys::Url(uri) => {
+                map.serialize_entry("jwks_url", &Shown::<Text>(&uri.to_string()))?;
+            }
+            JwtKeys::Secret(_) => map.serialize_entry("hs256_secret", &Mask)?,
+        }
+        map.serialize_entry("jwks_refresh", &Shown::<Dur>(&jwt.refresh))?;
+        map.serialize_entry("jwks_timeout", &Shown::<Dur>(&jwt.timeout))?;
+        if let Some(issuer) = &jwt.issuer {
+            map.serialize_entry("issuer", &Shown::<Text>(issuer))?;
+        }
+        if let Some(audience) = &jwt.audience {
+            map.serialize_entry("audience", &Shown::<Text>(audience))?;
+        }
+        map.serialize_entry("leeway", &Shown::<Dur>(&jwt.leeway))?;
+        map.end()
     }
 }
 
@@ -42,14 +87,14 @@ impl Raw for RawScopePrincipal {
 )]
 struct Fields {
     #[serde(default, deserialize_with = "given")]
-    jwt: Option<RawJwt>,
+    jwt: Option<JwtForm>,
     #[serde(default, deserialize_with = "given")]
     trusted_header: Option<Header>,
     #[serde(default, deserialize_with = "given")]
     basic: Option<Flag>,
 }
 
-impl<'de> Deserialize<'de> for RawScopePrincipal {
+impl<'de> Deserialize<'de> for ScopePrincipalForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let fields = Fields::deserialize(d)?;
         let basic = fields.basic.is_some_and(|flag| flag.0);
@@ -65,7 +110,7 @@ impl<'de> Deserialize<'de> for RawScopePrincipal {
                 ));
             }
         };
-        Ok(RawScopePrincipal(source))
+        Ok(ScopePrincipalForm(source))
     }
 }
 
@@ -95,7 +140,7 @@ struct JwtFields {
 }
 
 /// `scope_principal.jwt`, with its defaults filled in.
-struct RawJwt(JwtSource);
+struct JwtForm(JwtSource);
 
 /// How often a key set is read again by default.
 const DEFAULT_REFRESH: Duration = Duration::from_secs(5 * 60);
@@ -106,7 +151,7 @@ const DEFAULT_JWKS_TIMEOUT: Duration = Duration::from_secs(5);
 /// The clock skew allowed on `exp` and `nbf` by default.
 const DEFAULT_LEEWAY: Duration = Duration::from_secs(60);
 
-impl<'de> Deserialize<'de> for RawJwt {
+impl<'de> Deserialize<'de> for JwtForm {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let f = JwtFields::deserialize(d)?;
         let keys = match (f.jwks_file, f.jwks_url, f.hs256_secret) {
@@ -126,9 +171,9 @@ impl<'de> Deserialize<'de> for RawJwt {
                     "claims must not be empty: they are what tells callers apart",
                 ));
             }
-            Some(claims) => claims.into_iter().map(|claim| claim.0).collect(),
+            Some(claims) => claims.into_iter().map(Form::value).collect(),
         };
-        Ok(RawJwt(JwtSource {
+        Ok(JwtForm(JwtSource {
             header: f.header.map_or(header::AUTHORIZATION, |h| h.0),
             claims,
             keys,
@@ -195,52 +240,4 @@ impl<'de> Deserialize<'de> for SecretText {
         }
         Ok(SecretText(Secret::new(text.into_bytes())))
     }
-}
-
-/// `scope_principal` for `--check`: `null` when unset, the secret as `***`.
-pub(super) fn show(source: &Option<ScopePrincipal>) -> Value {
-    let Some(source) = source else {
-        return Value::Null;
-    };
-    let mut map = Mapping::new();
-    match source {
-        ScopePrincipal::Jwt(jwt) => {
-            map.insert("jwt".into(), Value::Mapping(jwt_mapping(jwt)));
-        }
-        ScopePrincipal::TrustedHeader(name) => {
-            map.insert("trusted_header".into(), header_name(name));
-        }
-        ScopePrincipal::Basic(_) => {
-            map.insert("basic".into(), true.into());
-        }
-    }
-    Value::Mapping(map)
-}
-
-fn jwt_mapping(jwt: &JwtSource) -> Mapping {
-    let mut map = Mapping::new();
-    map.insert("header".into(), header_name(&jwt.header));
-    let claims: Vec<Value> = jwt.claims.iter().map(|c| c.as_str().into()).collect();
-    map.insert("claims".into(), claims.into());
-    match &jwt.keys {
-        JwtKeys::File { path, .. } => {
-            map.insert("jwks_file".into(), path.to_string_lossy().as_ref().into());
-        }
-        JwtKeys::Url(uri) => {
-            map.insert("jwks_url".into(), uri.to_string().into());
-        }
-        JwtKeys::Secret(_) => {
-            map.insert("hs256_secret".into(), MASK.into());
-        }
-    }
-    map.insert("jwks_refresh".into(), duration(&jwt.refresh));
-    map.insert("jwks_timeout".into(), duration(&jwt.timeout));
-    if let Some(issuer) = &jwt.issuer {
-        map.insert("issuer".into(), issuer.as_str().into());
-    }
-    if let Some(audience) = &jwt.audience {
-        map.insert("audience".into(), audience.as_str().into());
-    }
-    map.insert("leeway".into(), duration(&jwt.leeway));
-    map
 }
