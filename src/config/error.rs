@@ -2,8 +2,6 @@
 
 use std::path::PathBuf;
 
-use super::parse;
-
 /// Why a configuration was refused.
 ///
 /// The message starts with the full path of the offending field (`routes[1].ttl: ...`)
@@ -58,16 +56,5 @@ impl ConfigError {
             message: message.into(),
             at: At::default(),
         }
-    }
-
-    /// The error with the place in `text` it is about, if it names a path and no line.
-    pub(super) fn located(mut self, text: &str) -> Self {
-        if let ConfigError::Invalid { path, at, .. } | ConfigError::MissingEnv { path, at, .. } =
-            &mut self
-            && at.0.is_none()
-        {
-            *at = At(parse::locate(text, path));
-        }
-        self
     }
 }

@@ -59,7 +59,7 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
         let sections::top::File(config) = parse::document(text, env)?;
-        config.build().map_err(|err| err.located(text))
+        config.build().map_err(|err| parse::located(err, text))
     }
 
     /// Reads and parses a file, resolving `${VAR}` from the process environment.

@@ -245,6 +245,17 @@ fn edit_distance(a: &str, b: &str) -> usize {
     }
     rows[a.len()][b.len()]
 }
+/// `err` with the place in `text` it is about, if it names a path and no line: a rule
+/// across keys fails after reading, and only then is the text read again to find it.
+pub(super) fn located(mut err: ConfigError, text: &str) -> ConfigError {
+    if let ConfigError::Invalid { path, at, .. } | ConfigError::MissingEnv { path, at, .. } =
+        &mut err
+        && at.0.is_none()
+    {
+        *at = At(locate(text, path));
+    }
+    err
+}
 
 /// Where `path` (`routes[1].ttl`, as errors write it) is written in `text`: the value at
 /// the path, or, for a key that is not written (a default, or a key that is missing),
