@@ -234,16 +234,21 @@ async fn on_a_redis_cluster() {
     .await;
 }
 
+/// A proxy sealing with key `k1` in front of `up`, on a real `server`.
+async fn sealed_on_redis(server: &RedisServer, up: &Upstream) -> Proxy<RedisStore> {
+    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
+    let config = config(up, &yaml, &[("k1", K1)]);
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    Proxy::with_store(config, store).await
+}
+
 /// The record's address is the associated data: a sealed value copied under another
 /// key (by someone with write access to Redis) does not decrypt there, and is refused.
 #[tokio::test]
 async fn a_sealed_value_copied_under_another_key_is_refused() {
     let server = RedisServer::start().await;
     let up = Upstream::start().await;
-    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
-    let config = config(&up, &yaml, &[("k1", K1)]);
-    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
-    let proxy = Proxy::with_store(config, store).await;
+    let proxy = sealed_on_redis(&server, &up).await;
     let client = proxy.client();
     assert_eq!(
         client.post("/charges", "victim", &body(1)).await.status,
@@ -462,18 +467,15 @@ fn undecryptable<S: Store>(proxy: &Proxy<S>) -> u64 {
 type Alteration = fn(&mut Completed, &Completed);
 
 /// Every field a sealed record keeps in clear is bound to its seal
-/// (docs/behaviour.md §25). Altered at rest in a real redis-server, one field at a time (with the record's
-/// expiry kept), the record does not open: its retry is `503 store-unavailable`, counted
+/// (docs/behaviour.md §25). Altered at rest in a real redis-server, one field at a time
+/// (with the record's expiry kept), the record does not open: its retry is `503 store-unavailable`, counted
 /// as undecryptable, never a replay (neither to the original body nor to the one the
 /// altered fingerprint names), never an execution, and the operator cannot resolve it.
 #[tokio::test]
 async fn a_sealed_record_altered_at_rest_in_any_clear_field_does_not_open() {
     let server = RedisServer::start().await;
     let up = Upstream::start().await;
-    let yaml = format!("  kind: redis\n  url: {}\n", server.url());
-    let config = config(&up, &yaml, &[("k1", K1)]);
-    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
-    let proxy = Proxy::with_store(config, store).await;
+    let proxy = sealed_on_redis(&server, &up).await;
     let (client, admin) = (proxy.client(), proxy.admin().await);
     let redis = redis::Client::open(server.url()).expect("client");
     let mut conn = redis
