@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::admin::serve_admin;
 use crate::config::{Config, LogFormat, StoreKind, Workers};
 use crate::proxy::{AppState, Shutdown, serve_workers};
-use crate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use crate::store::{FileOptions, FileStore, MemoryStore, PostgresStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
 mod resolve;
@@ -91,6 +91,9 @@ enum CliError {
     Store(#[source] crate::store::StoreError),
     #[error("{0}")]
     FileStore(#[from] crate::store::file::OpenError),
+    /// The PostgreSQL table is another version or not idemgate's (docs/behaviour.md §22).
+    #[error("store: {0}")]
+    Table(#[source] crate::store::SchemaError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -346,6 +349,20 @@ async fn run(config: Config, reload: Option<Reload>) -> Result<Shutdown, CliErro
                 Arc::clone(&store),
                 config.store.redacted_urls(),
             ));
+            run_with(listeners, config, store, (reload, hangups)).await
+        }
+        StoreKind::Postgres => {
+            let mut store = PostgresStore::new(&config.store).map_err(CliError::Store)?;
+            if !config.uses_wait() {
+                store = store.without_notifications();
+            }
+            let store = Arc::new(store);
+            store.start().await.map_err(CliError::Table)?;
+            tracing::info!(
+                urls = ?config.store.redacted_urls(),
+                table = store.table(),
+                "postgres store"
+            );
             run_with(listeners, config, store, (reload, hangups)).await
         }
     }

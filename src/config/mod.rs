@@ -38,6 +38,7 @@ pub use crate::idempotency::path::EscapedSlashes;
 pub use error::{At, ConfigError};
 pub use sections::policy::reconcile::Reconcile;
 pub use sections::store::encryption::EncryptionKey;
+pub use sections::store::postgres::{SslMode, StoreTls, redact_pg_url, split_sslmode};
 pub use sections::store::redis::SentinelConfig;
 pub use sections::store::{OnUnavailable, StoreConfig, StoreKind};
 pub use sections::telemetry::{OtlpConfig, OtlpProtocol, TelemetryConfig};

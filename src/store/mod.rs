@@ -7,6 +7,7 @@ mod api;
 mod clock;
 pub mod file;
 mod memory;
+mod postgres;
 mod quota;
 mod redis;
 mod rules;
@@ -21,6 +22,7 @@ pub use api::{
 pub use clock::{Clock, TokioClock};
 pub use file::{Disk, FileOptions, FileStore, FileWatch};
 pub use memory::{Backing, Durability, Embedded, MemoryShards, MemoryStore, MemoryWatch, Volatile};
+pub use postgres::{PostgresStore, PostgresWatch, SchemaError, create_statements};
 pub use redis::{RedisStore, RedisWatch};
 pub use seal::{Keyring, Opened, Undecryptable};
 pub use timed::{Around, Deadline, Layered, Timed};

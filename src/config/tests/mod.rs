@@ -229,6 +229,11 @@ fn a_minimal_file_gets_every_default() {
             written_encryption: None,
             encryption: Vec::new(),
             max_entries_per_scope: None,
+            table: "idemgate_records".to_owned(),
+            pool_size: 16,
+            create_table: true,
+            sweep_interval: secs(60),
+            tls: None,
         }
     );
     let policy = &config.idempotency;
@@ -376,6 +381,11 @@ fn every_key_can_be_overridden() {
             written_encryption: None,
             encryption: Vec::new(),
             max_entries_per_scope: None,
+            table: "idemgate_records".to_owned(),
+            pool_size: 16,
+            create_table: true,
+            sweep_interval: secs(60),
+            tls: None,
         }
     );
     let expected = Policy {

@@ -1,8 +1,9 @@
 //! `store`: where records live (docs/behaviour.md §5). Every kind reads the keys
 //! declared first; `max_entries` and `max_entries_per_scope` are the memory and file
 //! stores' (the file store's own keys are in [`file`]), the URLs, `cluster`, `sentinel`
-//! and `min_replicas` Redis's ([`redis`]), and `encryption` every kind's
-//! ([`encryption`]).
+//! and `min_replicas` Redis's ([`redis`]), `url`, `table`, `pool_size`, `create_table`,
+//! `sweep_interval` and `tls` PostgreSQL's ([`postgres`], §22), and `encryption` every
+//! kind's ([`encryption`]).
 //!
 //! Keys that do not apply to the chosen kind are allowed (docs/behaviour.md §8) and not
 //! in force: [`StoreConfig::build`] leaves them at their defaults, so two files that
@@ -18,10 +19,12 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 
 pub(crate) mod encryption;
 pub(crate) mod file;
+pub(crate) mod postgres;
 pub(crate) mod redis;
 
 use self::encryption::{EncryptionKey, WrittenEncryption};
 use self::file::StorePath;
+use self::postgres::{PoolSize, StoreTls, TableName};
 use self::redis::{MinReplicas, SentinelConfig};
 use crate::config::error::ConfigError;
 use crate::config::types::secret::{Mask, SecretUrls, redact_url};
@@ -34,6 +37,8 @@ pub enum StoreKind {
     /// The durable embedded store (docs/behaviour.md §12).
     File,
     Redis,
+    /// Records in a PostgreSQL table (docs/behaviour.md §22).
+    Postgres,
 }
 
 impl Choice for StoreKind {
@@ -41,6 +46,7 @@ impl Choice for StoreKind {
         ("memory", StoreKind::Memory),
         ("file", StoreKind::File),
         ("redis", StoreKind::Redis),
+        ("postgres", StoreKind::Postgres),
     ];
 }
 
@@ -113,6 +119,20 @@ pub struct StoreConfig {
     /// scope's own oldest is evicted (docs/behaviour.md §17). `None`: no quota.
     #[serde(with = "Opt::<AtLeastOne>")]
     pub max_entries_per_scope: Option<usize>,
+    /// PostgreSQL: the records' table, `name` or `schema.name`.
+    #[serde(with = "As::<TableName>")]
+    pub table: String,
+    /// PostgreSQL: connections per process.
+    #[serde(with = "As::<PoolSize>")]
+    pub pool_size: usize,
+    /// PostgreSQL: create the table when it is missing.
+    #[serde(with = "As::<Flag>")]
+    pub create_table: bool,
+    /// PostgreSQL: how often expired rows are deleted.
+    #[serde(with = "As::<Dur>")]
+    pub sweep_interval: Duration,
+    /// PostgreSQL: the trust anchors for the URL's `sslmode`; `null` is the system's.
+    pub tls: Option<StoreTls>,
 }
 
 impl Default for StoreConfig {
@@ -133,6 +153,11 @@ impl Default for StoreConfig {
             written_encryption: None,
             encryption: Vec::new(),
             max_entries_per_scope: None,
+            table: postgres::DEFAULT_TABLE.to_owned(),
+            pool_size: postgres::DEFAULT_POOL_SIZE,
+            create_table: true,
+            sweep_interval: postgres::DEFAULT_SWEEP_INTERVAL,
+            tls: None,
         }
     }
 }
@@ -141,10 +166,14 @@ impl StoreConfig {
     /// The store as written, its keys merged and checked, and those of other kinds at
     /// their defaults.
     pub(crate) fn build(mut self) -> Result<StoreConfig, ConfigError> {
-        redis::build(&mut self)?;
+        if self.kind == StoreKind::Postgres {
+            postgres::build(&mut self)?;
+        } else {
+            redis::build(&mut self)?;
+        }
         self.encryption = encryption::build(self.written_encryption.take())?;
         let defaults = StoreConfig::default();
-        if self.kind != StoreKind::Redis {
+        if !matches!(self.kind, StoreKind::Redis | StoreKind::Postgres) {
             self.urls = vec![redis::DEFAULT_URL.to_owned()];
             self.cluster = false;
             self.sentinel = None;
@@ -154,16 +183,30 @@ impl StoreConfig {
             self.path = defaults.path;
             self.fsync = defaults.fsync;
         }
-        if self.kind == StoreKind::Redis {
+        if matches!(self.kind, StoreKind::Redis | StoreKind::Postgres) {
             self.max_entries = defaults.max_entries;
             self.max_entries_per_scope = None;
+        }
+        if self.kind == StoreKind::Postgres {
+            self.cluster = false;
+            self.sentinel = None;
+            self.key_prefix = defaults.key_prefix;
+        } else {
+            self.table = defaults.table;
+            self.pool_size = defaults.pool_size;
+            self.create_table = defaults.create_table;
+            self.sweep_interval = defaults.sweep_interval;
+            self.tls = None;
         }
         Ok(self)
     }
 
     /// The store URLs with any password replaced by `***`, fit for logs and `--check`.
     pub fn redacted_urls(&self) -> Vec<String> {
-        self.urls.iter().map(|url| redact_url(url)).collect()
+        self.urls
+            .iter()
+            .map(|url| postgres::redact_pg_url(url))
+            .collect()
     }
 }
 
@@ -176,6 +219,15 @@ impl Serialize for StoreConfig {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("kind", &Shown::<Pick<StoreKind>>(&self.kind))?;
         let redis = self.kind == StoreKind::Redis;
+        let postgres = self.kind == StoreKind::Postgres;
+        if postgres && let [url] = self.urls.as_slice() {
+            map.serialize_entry("url", &Shown::<Text>(&postgres::redact_pg_url(url)))?;
+            map.serialize_entry("table", &Shown::<TableName>(&self.table))?;
+            map.serialize_entry("pool_size", &Shown::<PoolSize>(&self.pool_size))?;
+            map.serialize_entry("create_table", &self.create_table)?;
+            map.serialize_entry("sweep_interval", &Shown::<Dur>(&self.sweep_interval))?;
+            map.serialize_entry("tls", &self.tls)?;
+        }
         if redis {
             match self.urls.as_slice() {
                 [url] => map.serialize_entry("url", &Shown::<Text>(&redact_url(url)))?,
@@ -183,13 +235,15 @@ impl Serialize for StoreConfig {
             }
             map.serialize_entry("cluster", &self.cluster)?;
         }
-        map.serialize_entry("key_prefix", &Shown::<Text>(&self.key_prefix))?;
+        if !postgres {
+            map.serialize_entry("key_prefix", &Shown::<Text>(&self.key_prefix))?;
+        }
         map.serialize_entry("timeout", &Shown::<Dur>(&self.timeout))?;
         map.serialize_entry(
             "on_unavailable",
             &Shown::<Pick<OnUnavailable>>(&self.on_unavailable),
         )?;
-        if !redis {
+        if !redis && !postgres {
             map.serialize_entry("max_entries", &self.max_entries)?;
             if let Some(n) = self.max_entries_per_scope {
                 map.serialize_entry("max_entries_per_scope", &n)?;

@@ -1,0 +1,213 @@
+//! Reaching PostgreSQL (docs/behaviour.md §22): the URL as tokio-postgres reads it, TLS
+//! by rustls as `sslmode` asks, and the pool that hands out connections and forgets
+//! the ones that broke or found a read-only server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::config::StoreConfig;
+use crate::config::{SslMode, split_sslmode};
+use crate::store::StoreError;
+
+pub(super) fn unavailable(err: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Unavailable(Box::new(err))
+}
+
+/// The URL's settings, with the connect timeout and keepalives a proxy needs: a primary
+/// that vanished without a word is found out within seconds, not at the kernel's
+/// two hours.
+pub(super) fn pg_config(
+    config: &StoreConfig,
+) -> Result<(tokio_postgres::Config, SslMode), StoreError> {
+    let url = config
+        .urls
+        .first()
+        .ok_or(StoreError::Protocol("kind: postgres without a url"))?;
+    let (url, mode) = split_sslmode(url).map_err(|msg| unavailable(std::io::Error::other(msg)))?;
+    let mut pg: tokio_postgres::Config = url.parse().map_err(unavailable)?;
+    pg.connect_timeout(config.timeout.max(Duration::from_millis(100)))
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3);
+    if pg.get_application_name().is_none() {
+        pg.application_name("idemgate");
+    }
+    Ok((pg, mode))
+}
+
+/// The TLS connector for `mode`: libpq's meaning of each (docs/behaviour.md §22).
+pub(super) fn tls(config: &StoreConfig, mode: SslMode) -> Result<MakeRustlsConnect, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let ca = config.tls.as_ref().and_then(|tls| tls.ca_file.as_ref());
+    let mut roots = RootCertStore::empty();
+    match ca {
+        Some(ca) => {
+            for cert in &ca.certs {
+                roots.add(cert.clone()).map_err(unavailable)?;
+            }
+        }
+        None if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) => {
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                // A system store with one unreadable certificate still trusts the rest.
+                let _ = roots.add(cert);
+            }
+        }
+        None => {}
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(unavailable)?;
+    let verifier: Arc<dyn ServerCertVerifier> = match (mode, ca) {
+        (SslMode::VerifyFull, _) => {
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(unavailable)?
+        }
+        (SslMode::VerifyCa, _) | (SslMode::Require | SslMode::Prefer, Some(_)) => {
+            Arc::new(ChainOnly(
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(unavailable)?,
+            ))
+        }
+        (SslMode::Require | SslMode::Prefer, None) | (SslMode::Disable, _) => {
+            Arc::new(EncryptOnly(provider))
+        }
+    };
+    let client = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(client))
+}
+
+/// The pool of `store.pool_size` connections. Waiting for a connection, making one and
+/// checking one are each bounded by `store.timeout`, so that a database that does not
+/// answer is `store-unavailable`, not a hang.
+pub(super) fn pool(config: &StoreConfig) -> Result<(Pool, tokio_postgres::Config), StoreError> {
+    let (pg, mode) = pg_config(config)?;
+    let manager = Manager::from_config(
+        pg.clone(),
+        tls(config, mode)?,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(config.pool_size)
+        .wait_timeout(Some(config.timeout))
+        .create_timeout(Some(config.timeout.max(Duration::from_millis(100))))
+        .recycle_timeout(Some(config.timeout))
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(unavailable)?;
+    Ok((pool, pg))
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the host name is not compared.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki checks the chain first and the name last, so a name mismatch is the
+        // only error that comes after a chain found good.
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `require` and `prefer` without `tls.ca_file`: encrypted, the certificate not checked,
+/// as libpq does; the handshake's signatures are still verified.
+#[derive(Debug)]
+struct EncryptOnly(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for EncryptOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
