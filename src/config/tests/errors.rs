@@ -548,10 +548,10 @@ fn fingerprint_keys_are_checked() {
 
 #[test]
 fn enums_list_their_variants() {
-    let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.kind");
+    let message = error_at(&with_minimal("store:\n  kind: mysql\n"), "store.kind");
     assert_eq!(
         message,
-        "store.kind: unknown variant 'postgres', expected one of memory, file, redis \
+        "store.kind: unknown variant 'mysql', expected one of memory, file, redis, postgres \
          (line 4 column 9)"
     );
     let message = error_at(
@@ -1006,4 +1006,44 @@ fn key_sources_are_checked() {
         "idempotency:\n  ttl: 2m\n  key_from: [{fingerprint: 2m}]\n\
          routes:\n  - path: /a\n    ttl: 1m\n    header: X-Key\n",
     ));
+}
+
+/// docs/behaviour.md §22: the keys that mislead with PostgreSQL are refused by name, and
+/// the URL and table are checked without echoing the password.
+#[test]
+fn postgres_refuses_what_it_cannot_honour() {
+    let pg = "store:\n  kind: postgres\n  url: postgres://app:s3cret@db:5432/app\n";
+    for (extra, at) in [
+        ("  min_replicas: 1\n", "store.min_replicas"),
+        (
+            "  max_entries_per_scope: 10\n",
+            "store.max_entries_per_scope",
+        ),
+        ("  table: \"x; drop table y\"\n", "store.table"),
+        ("  pool_size: 0\n", "store.pool_size"),
+        (
+            "  tls: {ca_file: /nonexistent/ca.pem}\n",
+            "store.tls.ca_file",
+        ),
+    ] {
+        let message = error_at(&with_minimal(&format!("{pg}{extra}")), at);
+        assert!(!message.contains("s3cret"), "{message}");
+    }
+    let message = error_at(&with_minimal("store:\n  kind: postgres\n"), "store.url");
+    assert!(message.contains("missing"), "{message}");
+    let message = error_at(
+        &with_minimal("store:\n  kind: postgres\n  url: redis://:s3cret@h:6379/0\n"),
+        "store.url",
+    );
+    assert!(!message.contains("s3cret"), "{message}");
+    error_at(
+        &with_minimal("store:\n  kind: postgres\n  urls: [postgres://a/b, postgres://c/d]\n"),
+        "store.urls",
+    );
+    error_at(
+        &with_minimal(
+            "store:\n  kind: postgres\n  url: postgres://u@h/app?sslmode=verify-nothing\n",
+        ),
+        "store.url",
+    );
 }
