@@ -8,10 +8,14 @@ cd "$(dirname "$0")/.."
 # openssl: the TLS test makes a throwaway CA and server certificate.
 # promtool (Debian package prometheus): tests/it/monitoring.rs checks and unit-tests the
 # alert rules and checks a running idemgate's /metrics.
+# postgresql: the Postgres store tests (tests/it/support/postgres.rs) start throwaway
+# clusters with its initdb, pg_basebackup and pg_ctl, as the postgres user the package
+# creates when the tests run as root; the packaged service is not used.
 missing=()
 command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 # python3-flask (for the system Python, /usr/bin/python3), libjetty9-java and
 # default-jdk-headless (java, javac): tests/it/real_upstreams.rs runs a Flask app and an
 # embedded Jetty (tests/real/) as upstreams; the test compiles the Jetty one with javac.

@@ -15,6 +15,7 @@ pub mod kube;
 pub mod monitor;
 pub mod otlp;
 pub mod pki;
+pub mod postgres;
 pub mod real_process;
 pub mod redis;
 pub mod servers;

@@ -1,0 +1,90 @@
+//! Streaming standbys of a [`PgServer`]: `pg_basebackup -R` into a dir of their own,
+//! started as hot standbys on a free port, synchronous when asked, for the failover and
+//! durability tests of the Postgres store (docs/behaviour.md §22).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::programs::{Endpoint, as_postgres, bin, blocking, run_bounded};
+use super::{PgOptions, PgServer, READY_TIMEOUT};
+
+static NEXT_STANDBY: AtomicU64 = AtomicU64::new(0);
+
+impl PgServer {
+    /// A hot standby of this server, streaming from it, with its options. Returns once
+    /// the primary's `pg_stat_replication` shows it streaming, as `sync` or `async`.
+    ///
+    /// With `sync`, the primary's `synchronous_standby_names` becomes this standby's
+    /// `application_name` alone (an earlier synchronous standby is one no longer): from
+    /// then on a commit on the primary waits for it, so one dropped or killed first
+    /// leaves the primary's commits waiting, as it would in production.
+    pub async fn standby(&self, sync: bool) -> PgServer {
+        let (primary, options) = (self.endpoint(), self.options.clone());
+        blocking(move || replicate(&primary, options, sync)).await
+    }
+}
+
+fn replicate(primary: &Endpoint, options: PgOptions, sync: bool) -> PgServer {
+    let name = format!("standby_{}", NEXT_STANDBY.fetch_add(1, Ordering::SeqCst));
+    let mut standby = PgServer::empty(options, Some(name.clone()));
+    basebackup(primary, &standby, &name);
+    // `ALTER SYSTEM` on the primary may have named a synchronous standby, and the copy
+    // keeps it: promoted, this server would then wait for a standby it does not have.
+    // A line appended to postgresql.auto.conf wins over the earlier one.
+    let auto = standby.data_dir().join("postgresql.auto.conf");
+    let mut conf = OpenOptions::new()
+        .append(true)
+        .open(&auto)
+        .unwrap_or_else(|e| panic!("open {}: {e}", auto.display()));
+    writeln!(conf, "synchronous_standby_names = ''").expect("write postgresql.auto.conf");
+    standby.start_on_free_port();
+    if sync {
+        // Not in one `-c`: ALTER SYSTEM refuses to run inside a transaction block.
+        primary.psql(&format!(
+            "ALTER SYSTEM SET synchronous_standby_names = '{name}'"
+        ));
+        primary.psql("SELECT pg_reload_conf()");
+    }
+    let want = if sync {
+        "streaming|sync"
+    } else {
+        "streaming|async"
+    };
+    let sql = format!(
+        "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = '{name}'"
+    );
+    if let Err(got) = primary.poll(&sql, want) {
+        panic!(
+            "standby {name} on port {} not {want:?} after {READY_TIMEOUT:?}: {got:?}\n\
+             primary log:\n{}\nstandby log:\n{}",
+            standby.port,
+            primary.log(),
+            standby.log()
+        );
+    }
+    standby
+}
+
+/// `pg_basebackup -R -X stream` of `primary` into the standby's data dir; `-R` writes
+/// `standby.signal` and a `primary_conninfo` that carries `application_name`.
+fn basebackup(primary: &Endpoint, standby: &PgServer, name: &str) {
+    let mut cmd = as_postgres(&bin("pg_basebackup"), &standby.dir);
+    cmd.arg("-d")
+        .arg(format!(
+            "host=127.0.0.1 port={} user=postgres application_name={name}",
+            primary.port
+        ))
+        .arg("-D")
+        .arg(standby.data_dir())
+        .args(["-R", "-X", "stream", "--checkpoint=fast"]);
+    let out = run_bounded(cmd, READY_TIMEOUT, "pg_basebackup");
+    assert!(
+        out.status.success(),
+        "pg_basebackup from port {}: {}\n{}\nprimary log:\n{}",
+        primary.port,
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        primary.log()
+    );
+}
