@@ -636,6 +636,54 @@ mod file_harness {
 
 contract!(file, file_harness::new(), tokio::test);
 
+mod postgres_harness {
+    use super::*;
+    use idemgate::config::Config;
+    use idemgate::store::PostgresStore;
+    use support::postgres::PgServer;
+
+    /// A store on its own throwaway PostgreSQL, stopped with the harness (the store, and
+    /// with it the pool, goes first).
+    pub(crate) struct Postgres {
+        store: Arc<PostgresStore>,
+        _server: PgServer,
+    }
+
+    pub(crate) async fn new() -> Postgres {
+        let server = PgServer::start().await;
+        let yaml = format!(
+            "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: postgres\n  url: {}\n",
+            server.url()
+        );
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
+        let store = Arc::new(PostgresStore::new(&config.store).expect("store"));
+        store.start().await.expect("the table is made");
+        Postgres {
+            store,
+            _server: server,
+        }
+    }
+
+    impl Harness for Postgres {
+        type S = PostgresStore;
+        fn store(&self) -> &Arc<PostgresStore> {
+            &self.store
+        }
+        /// Rows expire by the replicas' wall clock: time has to really pass.
+        async fn advance(&self, d: Duration) {
+            tokio::time::sleep(d).await;
+        }
+        fn lease(&self) -> Duration {
+            Duration::from_millis(500)
+        }
+        fn ttl(&self) -> Duration {
+            Duration::from_millis(1500)
+        }
+    }
+}
+
+contract!(postgres, postgres_harness::new().await, tokio::test);
+
 /// Memory-store specifics: the bound of `max_entries`.
 mod memory_bounds {
     use super::*;

@@ -40,7 +40,9 @@ use idemgate::config::Config;
 use idemgate::idempotency::{Fingerprint, IdempotencyKey, OwnerToken, ScopedKey};
 use idemgate::metrics::Metrics;
 use idemgate::proxy::{AppState, Shutdown, serve};
-use idemgate::store::{ClaimRequest, FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use idemgate::store::{
+    ClaimRequest, FileOptions, FileStore, MemoryStore, PostgresStore, RedisStore, Store,
+};
 use std::time::Duration;
 
 /// Serves `listener` on a task of its own, HTTP/1.1 or HTTP/2 as each client speaks, every
@@ -111,6 +113,18 @@ impl Proxy<RedisStore> {
         let yaml = yaml.replace("{upstream}", &upstream.url());
         let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
         let store = Arc::new(RedisStore::new(&config.store).expect("redis store"));
+        Proxy::with_store(config, store).await
+    }
+}
+
+impl Proxy<PostgresStore> {
+    /// A proxy on the PostgreSQL store that the config names, its table checked or made
+    /// as at start-up (docs/behaviour.md §22).
+    pub async fn postgres(yaml: &str, upstream: &Upstream) -> Self {
+        let yaml = yaml.replace("{upstream}", &upstream.url());
+        let config = Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid");
+        let store = Arc::new(PostgresStore::new(&config.store).expect("postgres store"));
+        store.start().await.expect("the table is idemgate's");
         Proxy::with_store(config, store).await
     }
 }
