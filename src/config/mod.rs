@@ -202,8 +202,8 @@ fn masked_notice(config: &Config) -> String {
             .map(|(i, _)| format!("{key}[{i}]"))
             .collect()
     };
-    // Only a Redis store's URLs are printed.
-    if store.kind == StoreKind::Redis {
+    // Only a Redis or PostgreSQL store's URLs are printed.
+    if matches!(store.kind, StoreKind::Redis | StoreKind::Postgres) {
         match store.urls.as_slice() {
             [url] if url_secret(url).is_some() => keys.push("store.url".to_owned()),
             urls => keys.extend(with_secrets(urls, "store.urls")),

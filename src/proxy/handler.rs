@@ -233,8 +233,8 @@ async fn claimed<S: Store>(
 ) -> Result<Next, ProxyError> {
     *scoped_key = Some(req.scoped);
     // The embedded stores keep it for their quota (docs/behaviour.md §17) and for fair
-    // eviction (§25); Redis has no use for it.
-    let scope = (state.config.store.kind != StoreKind::Redis)
+    // eviction (§25); Redis and PostgreSQL have no use for it.
+    let scope = matches!(state.config.store.kind, StoreKind::Memory | StoreKind::File)
         .then(|| policy.scope_id(&req.parts.headers, principal));
     let fingerprint = (req.fingerprint, req.body.streamed());
     let claimed = claim::claim(state, policy, (req.scoped, scope), fingerprint, req.ttl).await?;

@@ -17,7 +17,7 @@ pub struct ClaimRequest {
     pub key: ScopedKey,
     /// The scope the key belongs to, kept beside its record by the embedded stores for
     /// `store.max_entries_per_scope` (docs/behaviour.md §17) and fair eviction (§25);
-    /// `None` on Redis.
+    /// `None` on Redis and PostgreSQL.
     pub scope: Option<ScopeId>,
     pub fingerprint: Fingerprint,
     /// The caller makes the token, so tests can choose it.

@@ -11,6 +11,7 @@ use idemgate::config::Config;
 use idemgate::metrics::Outcome;
 use idemgate::store::{RedisStore, Store};
 use support::bin::{Running, TempConfig, free_port};
+use support::postgres::PgServer;
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, TestClient, Upstream};
 
@@ -257,6 +258,18 @@ async fn on_its_own_redis(up: &Upstream) -> (RedisServer, Proxy<RedisStore>) {
 async fn on_redis() {
     let up = Upstream::start().await;
     let (_redis, proxy) = on_its_own_redis(&up).await;
+    inspect_purge_and_fence(proxy, &up).await;
+}
+
+#[tokio::test]
+async fn on_postgres() {
+    let up = Upstream::start().await;
+    let server = PgServer::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: postgres\n  url: {}\n",
+        server.url()
+    );
+    let proxy = Proxy::postgres(&yaml, &up).await;
     inspect_purge_and_fence(proxy, &up).await;
 }
 

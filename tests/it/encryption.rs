@@ -10,7 +10,8 @@ use std::sync::Arc;
 use idemgate::config::Config;
 use idemgate::idempotency::record::{KIND_SEALED, KIND_SEALED_ADDRESS_ONLY};
 use idemgate::idempotency::{Completed, Kept, Record, Streamed};
-use idemgate::store::{FileOptions, FileStore, MemoryStore, RedisStore, Store};
+use idemgate::store::{FileOptions, FileStore, MemoryStore, PostgresStore, RedisStore, Store};
+use support::postgres::PgServer;
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Upstream};
 
@@ -208,6 +209,35 @@ async fn on_redis() {
         .expect("connection");
     sealed_at_rest(store, &yaml, async move |id: &str| {
         redis_get(&mut conn.clone(), id).await
+    })
+    .await;
+}
+
+/// The row's `value` as the database holds it; `id` is the record id the proxy prints,
+/// whose last 64 characters are the row's id.
+#[tokio::test]
+async fn on_postgres() {
+    let server = PgServer::start().await;
+    let yaml = format!("  kind: postgres\n  url: {}\n", server.url());
+    let config = Config::from_yaml_str(
+        &format!("upstream:\n  url: http://127.0.0.1:9\nstore:\n{yaml}"),
+        &|_| None,
+    )
+    .expect("config");
+    let store = Arc::new(PostgresStore::new(&config.store).expect("store"));
+    store.start().await.expect("table");
+    let server = &server;
+    sealed_at_rest(store, &yaml, async move |id: &str| {
+        let row = &id[id.len() - 64..];
+        let hex = server.psql(&format!(
+            "SELECT encode(value, 'hex') FROM idemgate_records WHERE id = '{row}'"
+        ));
+        (!hex.is_empty()).then(|| {
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+                .collect()
+        })
     })
     .await;
 }

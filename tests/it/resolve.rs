@@ -6,7 +6,8 @@ use crate::support;
 use std::sync::Arc;
 
 use idemgate::config::Config;
-use idemgate::store::{RedisStore, Store};
+use idemgate::store::{PostgresStore, RedisStore, Store};
+use support::postgres::PgServer;
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, Resp, TestClient, Upstream};
 
@@ -173,6 +174,16 @@ async fn on_redis() {
     let up = Upstream::start().await;
     let config = config(&up, &format!("  kind: redis\n  url: {}\n", redis.url()));
     let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    settle_unknown_outcomes(Proxy::with_store(config, store).await, &up).await;
+}
+
+#[tokio::test]
+async fn on_postgres() {
+    let server = PgServer::start().await;
+    let up = Upstream::start().await;
+    let config = config(&up, &format!("  kind: postgres\n  url: {}\n", server.url()));
+    let store = Arc::new(PostgresStore::new(&config.store).expect("store"));
+    store.start().await.expect("table");
     settle_unknown_outcomes(Proxy::with_store(config, store).await, &up).await;
 }
 

@@ -3,6 +3,7 @@
 //! an upstream that checks every byte as it arrives, on every store kind.
 
 use crate::support::bin::{Running, TempConfig};
+use crate::support::postgres::PgServer;
 use crate::support::redis::{RedisCluster, RedisServer};
 use crate::support::uploads::{Generated, MIB, UploadServer, abandon, memory, small, upload};
 
@@ -14,6 +15,7 @@ enum Kind {
     File(tempfile::TempDir),
     Redis(RedisServer),
     Cluster(RedisCluster),
+    Postgres(PgServer),
 }
 
 impl Kind {
@@ -33,6 +35,10 @@ impl Kind {
         Kind::Cluster(RedisCluster::start().await)
     }
 
+    async fn postgres() -> Self {
+        Kind::Postgres(PgServer::start().await)
+    }
+
     fn store(&self) -> String {
         match self {
             Kind::Memory => "  kind: memory\n".to_owned(),
@@ -45,6 +51,7 @@ impl Kind {
                 "  kind: redis\n  cluster: true\n  urls: [{}]\n",
                 cluster.seed_urls().join(", ")
             ),
+            Kind::Postgres(server) => format!("  kind: postgres\n  url: {}\n", server.url()),
         }
     }
 }
@@ -151,6 +158,16 @@ async fn redis_executes_once_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_executes_once_and_replays() {
     executes_once_and_replays(Kind::cluster().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_executes_once_and_replays() {
+    executes_once_and_replays(Kind::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_client_killed_half_way() {
+    a_client_killed_half_way_frees_the_key(Kind::postgres().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
