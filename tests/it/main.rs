@@ -37,6 +37,7 @@ mod one_view;
 mod operations;
 mod postgres_store;
 mod postgres_support;
+mod postgres_tls;
 mod principal;
 mod proxy_redis;
 mod readme;
