@@ -716,3 +716,37 @@ async fn a_reconcile_lookup_is_traced_and_logged_with_key_in_place_of_the_raw_ke
     assert!(log.contains("reconcile"), "the lookup is logged:\n{log}");
     assert!(!log.contains(RAW_KEY), "the raw key in the log:\n{log}");
 }
+
+/// docs/behaviour.md §22: the store's calls are spans on PostgreSQL as on every store,
+/// under the request's server span.
+#[tokio::test]
+async fn on_postgres_the_store_calls_are_children_of_the_request() {
+    let server = support::postgres::PgServer::start().await;
+    let up = Upstream::start().await;
+    let collector = Receiver::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: postgres\n  url: {}\n\
+         telemetry:\n  otlp:\n    endpoint: {}\n    protocol: http/protobuf\n",
+        server.url(),
+        collector.url()
+    );
+    let proxy = Proxy::postgres(&yaml, &up).await;
+    let parent = traceparent(TRACE, CLIENT_SPAN);
+    let headers = [
+        ("idempotency-key", "pg-1"),
+        JSON,
+        ("traceparent", parent.as_str()),
+    ];
+    let answer = proxy
+        .client()
+        .send("POST", "/charges", &headers, "{}")
+        .await;
+    assert_eq!(answer.status, 201);
+    let request = collector.span(TRACE, "POST").await;
+    for name in ["store.claim", "store.complete"] {
+        let span = collector.span(TRACE, name).await;
+        assert_eq!(span.parent_span_id, request.span_id, "{name}");
+    }
+    assert_eq!(str_attr(&request, "idempotency.outcome"), "forwarded");
+    proxy.stop().await;
+}
