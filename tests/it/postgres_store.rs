@@ -317,3 +317,38 @@ async fn expired_rows_are_swept() {
     let again = proxy.client().post("/charges", "s0", "{}").await;
     assert!(!again.replayed());
 }
+
+/// A database that stops answering (a partition, a stalled primary) is `503` within
+/// `store.timeout`, and the connections it held are closed, never handed out again: once
+/// it answers, requests go through on fresh connections without a restart.
+#[tokio::test]
+async fn a_hung_connection_is_closed_not_reused() {
+    use support::fault::{Fault, Relay};
+    let server = PgServer::start().await;
+    let relay = Relay::start(([127, 0, 0, 1], server.port).into()).await;
+    let up = Upstream::start().await;
+    let url = format!("postgres://postgres@{}/postgres", relay.addr);
+    let proxy: PgProxy = Proxy::postgres(&pg_yaml(&url, "  pool_size: 2\n"), &up).await;
+    let c = proxy.client();
+    assert_eq!(c.post("/charges", "warm", "{}").await.status, 201);
+    relay.set(Fault::Hang);
+    for i in 0..3 {
+        let r = c.post("/charges", &format!("hung-{i}"), "{}").await;
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.problem(), "store-unavailable");
+    }
+    // Held, not lost, by this relay: only closing them frees them.
+    tokio::time::timeout(Duration::from_secs(10), relay.wait_open(0))
+        .await
+        .expect("every connection that hung was closed");
+    let hung = relay.connections();
+    relay.set(Fault::Pass);
+    let r = eventually(Duration::from_secs(10), async || {
+        let r = c.post("/charges", "after", "{}").await;
+        (r.status == 201).then_some(r)
+    })
+    .await;
+    assert!(!r.replayed());
+    assert!(relay.connections() > hung, "a fresh connection carried it");
+    assert_eq!(up.count(), 2);
+}

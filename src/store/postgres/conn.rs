@@ -20,9 +20,9 @@ pub(super) fn unavailable(err: impl std::error::Error + Send + Sync + 'static) -
     StoreError::Unavailable(Box::new(err))
 }
 
-/// The URL's settings, with the connect timeout and keepalives a proxy needs: a primary
-/// that vanished without a word is found out within seconds, not at the kernel's
-/// two hours.
+/// The URL's settings, with the connect timeout, keepalives and user timeout a proxy
+/// needs: a primary that vanished without a word is found out within seconds, not at
+/// the kernel's two hours (idle) or fifteen minutes (unacknowledged data).
 pub(super) fn pg_config(
     config: &StoreConfig,
 ) -> Result<(tokio_postgres::Config, SslMode), StoreError> {
@@ -36,7 +36,8 @@ pub(super) fn pg_config(
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(2))
-        .keepalives_retries(3);
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(10));
     if pg.get_application_name().is_none() {
         pg.application_name("idemgate");
     }

@@ -181,34 +181,35 @@ impl PostgresStore {
         self.pool.get().await.map_err(conn::unavailable)
     }
 
-    /// Runs a prepared statement. A connection that failed is not given back to the
-    /// pool: the next call connects afresh, to the primary of the moment.
+    /// Runs a prepared statement. A connection goes back to the pool only when its
+    /// statement answered: one that failed, or whose statement was given up (the
+    /// caller's deadline, `store.timeout`), is closed, so that a hung or demoted server
+    /// is never handed out again and the next call connects afresh, to the primary of
+    /// the moment.
     async fn query(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let client = self.client().await?;
+        let client = Settled::new(self.client().await?);
         let answer = match client.prepare_cached(sql).await {
             Ok(statement) => client.query(&statement, params).await,
             Err(err) => Err(err),
         };
-        answer.map_err(|err| {
-            drop(Object::take(client));
-            conn::unavailable(err)
-        })
+        answer
+            .map_err(conn::unavailable)
+            .inspect(|_| client.settle())
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-        let client = self.client().await?;
+        let client = Settled::new(self.client().await?);
         let answer = match client.prepare_cached(sql).await {
             Ok(statement) => client.execute(&statement, params).await,
             Err(err) => Err(err),
         };
-        answer.map_err(|err| {
-            drop(Object::take(client));
-            conn::unavailable(err)
-        })
+        answer
+            .map_err(conn::unavailable)
+            .inspect(|_| client.settle())
     }
 
     /// The notifying form of a statement when someone may wait.
@@ -228,6 +229,38 @@ impl PostgresStore {
             }
         }
         Ok(removed)
+    }
+}
+
+/// A pooled connection that is closed, not given back, unless its statement answered
+/// ([`Settled::settle`]): dropped on an error, or with the future that ran it.
+struct Settled(Option<Object>);
+
+impl Settled {
+    fn new(client: Object) -> Self {
+        Self(Some(client))
+    }
+
+    /// The statement answered: the connection goes back to the pool.
+    fn settle(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for Settled {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        self.0
+            .as_ref()
+            .expect("a connection until settled or dropped")
+    }
+}
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(Object::take(client));
+        }
     }
 }
 
