@@ -210,8 +210,8 @@ async fn check_rejects_an_invalid_file_with_exit_1_naming_the_field() {
         ("idempotency:\n  ttl: 10q\n", "idempotency.ttl: "),
         ("idempotency:\n  lease: 10\n", "idempotency.lease: "),
         (
-            "store:\n  kind: postgres\n",
-            "store.kind: unknown variant 'postgres', expected one of memory, file, redis",
+            "store:\n  kind: mysql\n",
+            "store.kind: unknown variant 'mysql', expected one of memory, file, redis, postgres",
         ),
         (
             "routes:\n  - path: /a\n  - path: /b\n    wait_timeout: soon\n",
@@ -278,7 +278,7 @@ async fn idemgate_config_names_the_file_like_config_does() {
         out.stdout
     );
 
-    let bad = TempConfig::new("store:\n  kind: postgres\n");
+    let bad = TempConfig::new("store:\n  kind: mysql\n");
     let out = run(idemgate().env("IDEMGATE_CONFIG", bad.path()).arg("--check")).await;
     assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
 }
