@@ -10,6 +10,14 @@
 #   ./scripts/demo.sh file [story]  the same on the durable file store (config/demo-file.yaml)
 #                                   in a directory of the user's, printed: keys survive a
 #                                   restart of the demo. IDEMGATE_DEMO_STORE chooses another
+#   ./scripts/demo.sh postgres [story]
+#                                   the same on PostgreSQL (config/demo-postgres.yaml): a
+#                                   throwaway cluster, initdb'd in a temporary directory
+#                                   under cargo's target directory and started on a free
+#                                   loopback port (as root, run as the `postgres` user),
+#                                   stopped and removed however the demo ends. Needs
+#                                   PostgreSQL's server binaries (/usr/lib/postgresql/*/bin,
+#                                   or PG_BIN naming their directory)
 #
 # Needs cargo, curl and bash. Both processes are stopped however the script ends; their
 # logs are kept in the directory the script prints, under cargo's target directory.
@@ -44,13 +52,38 @@ done
 
 STORE=memory
 MODE=""
+usage="usage: $0 [file|postgres] [story]"
 for arg in "$@"; do
     case "$arg" in
-        file) STORE=file ;;
+        file | postgres)
+            [ "$STORE" = memory ] || die "$usage"
+            STORE=$arg
+            ;;
         story) MODE=story ;;
-        *) die "usage: $0 [file] [story]" ;;
+        *) die "$usage" ;;
     esac
 done
+
+# PostgreSQL's server binaries, found before the build so that a missing server is said
+# at once: PG_BIN, else the newest /usr/lib/postgresql/*/bin (Debian's), else PATH.
+pg_bin=""
+if [ "$STORE" = postgres ]; then
+    if [ -n "${PG_BIN:-}" ]; then
+        pg_bin=$PG_BIN
+    else
+        pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+        if [ -z "$pg_bin" ] && command -v pg_ctl >/dev/null; then
+            pg_bin=$(dirname "$(command -v pg_ctl)")
+        fi
+    fi
+    [ -x "$pg_bin/initdb" ] && [ -x "$pg_bin/pg_ctl" ] ||
+        die "PostgreSQL's server binaries (initdb, pg_ctl) are needed: apt-get install postgresql, or set PG_BIN"
+    if [ "$(id -u)" -eq 0 ]; then
+        # initdb refuses to run as root: the throwaway cluster runs as `postgres`.
+        id postgres >/dev/null 2>&1 || die "as root, the demo runs PostgreSQL as the user postgres, which does not exist"
+        command -v runuser >/dev/null || die "as root, runuser (util-linux) is needed to run PostgreSQL as postgres"
+    fi
+fi
 
 say "demo: building (cargo build --release --bin idemgate --example toy_backend --example demo_client)"
 cargo build --release --bin idemgate --example toy_backend --example demo_client
@@ -70,13 +103,28 @@ if [ "$STORE" = file ]; then
     IDEMGATE_DEMO_STORE=${IDEMGATE_DEMO_STORE:-$demo_dir/file-store}
     export IDEMGATE_DEMO_STORE
     say "demo: file store in $IDEMGATE_DEMO_STORE (remove it to start afresh)"
+elif [ "$STORE" = postgres ]; then
+    config=config/demo-postgres.yaml
 else
     config=config/demo.yaml
 fi
 backend_pid=""
 proxy_pid=""
+# The throwaway PostgreSQL cluster's directory, once made; removed by cleanup.
+pg_dir=""
+pg_log=""
 
-# Stops what this script started: SIGTERM lets each finish its in-flight requests.
+# Runs a PostgreSQL program as the user the cluster belongs to.
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# Stops what this script started: SIGTERM lets each finish its in-flight requests; the
+# PostgreSQL cluster goes last (idemgate may still be recording) and is removed.
 # shellcheck disable=SC2317  # called from the traps below
 cleanup() {
     local pid
@@ -87,10 +135,62 @@ cleanup() {
     for pid in $proxy_pid $backend_pid; do
         wait "$pid" 2>/dev/null || true
     done
+    if [ -n "$pg_dir" ]; then
+        if [ -f "$pg_dir/data/postmaster.pid" ]; then
+            as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1 || true
+        fi
+        # The server's log is kept with the others; the cluster goes.
+        cp "$pg_log" "$log_dir/postgres.log" 2>/dev/null || true
+        rm -rf "$pg_dir"
+    fi
 }
 trap cleanup EXIT
 trap 'say "demo: stopping"; cleanup; exit 130' INT
 trap 'say "demo: stopping"; cleanup; exit 143' TERM
+
+# The throwaway cluster: initdb in a temporary directory (under the demo's, when the
+# postgres user can reach it there), then a server on a free loopback port, tried
+# afresh on another port if the one found free was taken meanwhile. Trust
+# authentication is safe only because it listens on 127.0.0.1 and lives for the demo.
+if [ "$STORE" = postgres ]; then
+    pg_dir=$(mktemp -d "$demo_dir/postgres.XXXXXX")
+    if [ "$(id -u)" -eq 0 ]; then
+        chown postgres "$pg_dir"
+        if ! runuser -u postgres -- test -w "$pg_dir"; then
+            rm -rf "$pg_dir"
+            pg_dir=$(mktemp -d "${TMPDIR:-/tmp}/idemgate-demo-postgres.XXXXXX")
+            chown postgres "$pg_dir"
+        fi
+    fi
+    pg_log="$pg_dir/postgres.log"
+    say "demo: initdb $pg_dir/data ($pg_bin)"
+    if ! as_pg "$pg_bin/initdb" -D "$pg_dir/data" -U postgres -A trust -E UTF8 --locale=C \
+        --no-sync >"$log_dir/initdb.log" 2>&1; then
+        tail -n 20 "$log_dir/initdb.log" >&2 || true
+        die "initdb failed ($log_dir/initdb.log)"
+    fi
+    pg_port=""
+    for _ in 1 2 3 4 5; do
+        port=$((20000 + RANDOM % 40000))
+        if port_in_use "127.0.0.1:$port"; then
+            continue
+        fi
+        if as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_log" -w -t 30 \
+            -o "-p $port -c listen_addresses=127.0.0.1 -c unix_socket_directories=''" \
+            start >/dev/null 2>&1; then
+            pg_port=$port
+            break
+        fi
+    done
+    if [ -z "$pg_port" ]; then
+        tail -n 20 "$pg_log" >&2 || true
+        die "PostgreSQL did not start ($pg_log)"
+    fi
+    IDEMGATE_DEMO_PGURL="postgres://postgres@127.0.0.1:$pg_port/postgres?sslmode=disable"
+    export IDEMGATE_DEMO_PGURL
+    say "demo: PostgreSQL on 127.0.0.1:$pg_port, data in $pg_dir (removed when the demo stops)"
+    say "demo: it has no standby, so idemgate warns that synchronous_standby_names is empty"
+fi
 
 "$target_dir/release/examples/toy_backend" --listen "$BACKEND" 2>"$log_dir/backend.log" &
 backend_pid=$!
@@ -102,6 +202,10 @@ show_logs() {
     tail -n 20 "$log_dir/backend.log" >&2 || true
     say "--- idemgate ($log_dir/idemgate.log)"
     tail -n 20 "$log_dir/idemgate.log" >&2 || true
+    if [ -n "$pg_log" ]; then
+        say "--- PostgreSQL ($pg_log)"
+        tail -n 20 "$pg_log" >&2 || true
+    fi
 }
 
 # Ready when a GET through the proxy reaches the backend: that needs both listening.
@@ -202,6 +306,16 @@ if [ "$STORE" = file ]; then
 
   # The keys are on disk: stop the demo (Ctrl-C), start it again, and send the first
   # request again. It is replayed, though the new backend has created no charge.
+EOF
+fi
+if [ "$STORE" = postgres ]; then
+    cat <<EOF
+
+  # The records are rows of idemgate_records, one per key, its id a hash of the key
+  # and scope (never the key itself). This cluster is removed when the demo stops.
+  psql '$IDEMGATE_DEMO_PGURL' -c 'SELECT id, length(value), expires_at, owner IS NULL AS completed FROM idemgate_records'
+
+PostgreSQL's log: $pg_log (kept as $log_dir/postgres.log when the demo stops)
 EOF
 fi
 cat <<EOF

@@ -278,7 +278,7 @@ async fn idemgate_config_names_the_file_like_config_does() {
         out.stdout
     );
 
-    let bad = TempConfig::new("store:\n  kind: postgres\n");
+    let bad = TempConfig::new("store:\n  kind: mysql\n");
     let out = run(idemgate().env("IDEMGATE_CONFIG", bad.path()).arg("--check")).await;
     assert_eq!(out.code(), Some(1), "stderr: {}", out.stderr);
 }

@@ -352,9 +352,11 @@ fn code_spans(text: &str) -> Vec<String> {
 }
 
 /// docs/metrics.md is the reference of `/metrics`: its table lists every family a running
-/// idemgate exports (memory and file store), with its type, and nothing else; its
-/// "Values of `outcome`" lists every value of `outcome`, and its table every value of
-/// `op`, that idemgate exports.
+/// idemgate exports (memory, file and postgres store), with its type, and nothing else;
+/// its "Values of `outcome`" lists every value of `outcome`, and its table every value
+/// of `op` and of `state`, that idemgate exports. The postgres store exports its
+/// families whether or not its database answers, so none is started: its URL names a
+/// port where nothing listens.
 #[tokio::test]
 async fn docs_metrics_lists_every_exported_family_and_label_value() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -362,15 +364,20 @@ async fn docs_metrics_lists_every_exported_family_and_label_value() {
         "store:\n  kind: file\n  path: {}\n",
         dir.path().join("store").display()
     );
+    let postgres_store = "store:\n  kind: postgres\n  url: postgres://idemgate@127.0.0.1:9/app\n";
     let memory = scrape(None).await;
     let file = scrape_with(&file_store, None).await;
-    let exported: BTreeSet<(String, String)> =
-        families(&memory).union(&families(&file)).cloned().collect();
-    let labels = Exported::parse(&format!("{memory}\n{file}")).labels;
+    let postgres = scrape_with(postgres_store, None).await;
+    let exported: BTreeSet<(String, String)> = [&memory, &file, &postgres]
+        .into_iter()
+        .flat_map(|text| families(text))
+        .collect();
+    let labels = Exported::parse(&format!("{memory}\n{file}\n{postgres}")).labels;
 
     let doc = read("docs/metrics.md");
     let mut documented = BTreeSet::new();
     let mut ops = Vec::new();
+    let mut states = Vec::new();
     for line in doc.lines().filter(|line| line.starts_with("| `idemgate_")) {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         let names = code_spans(cells[1]);
@@ -381,6 +388,9 @@ async fn docs_metrics_lists_every_exported_family_and_label_value() {
         }
         if let Some(values) = cells[3].strip_prefix("`op` = ") {
             ops = code_spans(values);
+        }
+        if let Some(values) = cells[3].strip_prefix("`state` = ") {
+            states = code_spans(values);
         }
     }
     assert_eq!(
@@ -398,6 +408,12 @@ async fn docs_metrics_lists_every_exported_family_and_label_value() {
         Some(&op_values),
         labels.get("op"),
         "docs/metrics.md: the values of `op`"
+    );
+    let state_values: BTreeSet<String> = states.into_iter().collect();
+    assert_eq!(
+        Some(&state_values),
+        labels.get("state"),
+        "docs/metrics.md: the values of `state`"
     );
 
     // Each bullet of "Values of `outcome`" names values before its first "`:".

@@ -4,14 +4,16 @@
 //! one of its sections, a README short enough to read and a table of contents that
 //! matches its headings. Its submodules check the links of every document (`links.rs`),
 //! the configuration reference against the keys `--check` prints (`configuration.rs`),
-//! the errors reference against the status tables (`errors.rs`), and the code map
-//! against `src/` (`code_map.rs`). The metrics reference is checked against a running
-//! idemgate's `/metrics` by `tests/it/monitoring.rs`.
+//! the errors reference against the status tables (`errors.rs`), the code map against
+//! `src/` (`code_map.rs`), and the PostgreSQL table the stores reference gives against
+//! the one idemgate creates (`stores.rs`). The metrics reference is checked against a
+//! running idemgate's `/metrics` by `tests/it/monitoring.rs`.
 
 mod code_map;
 mod configuration;
 mod errors;
 mod links;
+mod stores;
 
 use std::path::{Path, PathBuf};
 

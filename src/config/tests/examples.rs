@@ -22,12 +22,17 @@ fn example_files() -> Vec<std::path::PathBuf> {
     files
 }
 
+/// What scripts/demo.sh sets `IDEMGATE_DEMO_PGURL` to, its port aside.
+const DEMO_PGURL: &str = "postgres://postgres@127.0.0.1:54321/postgres?sslmode=disable";
+
 fn parse_example(path: &Path) -> Config {
     let text = std::fs::read_to_string(path).unwrap();
-    // demo-file.yaml's store directory is the one scripts/demo.sh chooses.
+    // demo-file.yaml's store directory, and demo-postgres.yaml's database, are the ones
+    // scripts/demo.sh chooses.
     let env = env_map(&[
         ("REDIS_PASSWORD", "s3cr3t"),
         ("IDEMGATE_DEMO_STORE", "/tmp/idemgate-demo"),
+        ("IDEMGATE_DEMO_PGURL", DEMO_PGURL),
     ]);
     Config::from_yaml_str(&text, &env).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
 }
@@ -43,6 +48,7 @@ fn every_example_config_parses() {
         "cluster.yaml",
         "demo.yaml",
         "demo-file.yaml",
+        "demo-postgres.yaml",
         "docker.yaml",
         "example.yaml",
         "file.yaml",
@@ -85,6 +91,13 @@ fn the_example_configs_say_what_they_promise() {
     let charges = policy_for(&demo, "/charges");
     assert!(charges.required && charges.methods == [Method::POST]);
     assert!(!policy_for(&demo, "/webhooks").enabled);
+
+    let postgres = parse_example(&dir.join("demo-postgres.yaml"));
+    assert_eq!(postgres.store.kind, StoreKind::Postgres);
+    assert_eq!(postgres.store.urls, [DEMO_PGURL]);
+    assert_eq!(postgres.listen, demo.listen);
+    assert_eq!(postgres.admin.listen, demo.admin.listen);
+    assert!(policy_for(&postgres, "/charges").required);
 
     let docker = parse_example(&dir.join("docker.yaml"));
     assert_eq!(docker.store.kind, StoreKind::Redis);
@@ -344,7 +357,12 @@ fn the_annotated_example_names_every_key() {
     let (mut in_example, mut every) = (Vec::new(), Vec::new());
     key_paths(&written, "", &mut in_example);
     // `--check` prints the store keys of the chosen kind only: ask each kind.
-    for kind in ["memory", "file", "redis"] {
+    for kind in [
+        "memory",
+        "file",
+        "redis",
+        "postgres\n  url: postgres://u@h/db",
+    ] {
         let config = parse_ok(&with_minimal(&format!("store:\n  kind: {kind}\n")));
         let printed = Tree::parse(&config.to_yaml());
         key_paths(&printed, "", &mut every);

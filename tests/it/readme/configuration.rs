@@ -1,8 +1,9 @@
 //! `docs/configuration.md` names every key of the configuration file, and no key that
 //! does not exist. The keys come from the code: `idemgate --check` prints the effective
 //! configuration, every key with its value, for files that between them set every
-//! section (each store kind, Sentinel and a cluster, encryption, upstream TLS, every key
-//! source and principal source, `key_format`, `reconcile`, `errors`, telemetry, routes).
+//! section (each store kind, PostgreSQL's TLS, Sentinel and a cluster, encryption,
+//! upstream TLS, every key source and principal source, `key_format`, `reconcile`,
+//! `errors`, telemetry, routes).
 //! The keys of those printouts, as dotted paths with `[]` for the items of a list
 //! (`routes[].path`), are compared with the first cells of the doc's key tables
 //! (`| `store.kind` | default | effect |`).
@@ -48,6 +49,11 @@ fn files(dir: &Dir, pki: &Pki) -> Vec<String> {
         ),
         format!(
             "{upstream}store:\n  kind: redis\n  urls: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\n"
+        ),
+        // PostgreSQL's keys, `tls` among them, are printed for `kind: postgres` only.
+        format!(
+            "{upstream}store:\n  kind: postgres\n  url: postgres://idemgate:pw@127.0.0.1:5432,127.0.0.1:5433/app?target_session_attrs=read-write&sslmode=verify-full\n  tls: {{ca_file: {ca}}}\n",
+            ca = pki.path("ca.pem"),
         ),
         format!(
             r#"upstream:
