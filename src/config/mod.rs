@@ -203,7 +203,15 @@ fn masked_notice(config: &Config) -> String {
             .collect()
     };
     // Only a Redis or PostgreSQL store's URLs are printed.
-    if matches!(store.kind, StoreKind::Redis | StoreKind::Postgres) {
+    if store.kind == StoreKind::Postgres {
+        if store
+            .urls
+            .iter()
+            .any(|url| sections::store::postgres::has_password(url))
+        {
+            keys.push("store.url".to_owned());
+        }
+    } else if store.kind == StoreKind::Redis {
         match store.urls.as_slice() {
             [url] if url_secret(url).is_some() => keys.push("store.url".to_owned()),
             urls => keys.extend(with_secrets(urls, "store.urls")),

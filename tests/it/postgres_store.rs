@@ -352,3 +352,43 @@ async fn a_hung_connection_is_closed_not_reused() {
     assert!(relay.connections() > hung, "a fresh connection carried it");
     assert_eq!(up.count(), 2);
 }
+
+/// A table idemgate may not create stops it with the server's own reason, and a role
+/// with only the grants docs/stores.md lists serves from a table made for it.
+#[tokio::test]
+async fn a_role_without_create_is_told_why_and_the_documented_grants_suffice() {
+    let server = PgServer::start().await;
+    server.psql("CREATE ROLE app LOGIN; CREATE SCHEMA ops");
+    let url = server.url().replace("postgres@", "app@");
+    let up = Upstream::start().await;
+    let yaml = pg_yaml(&url, "  table: ops.idem\n").replace("{upstream}", &up.url());
+    let config = TempConfig::new(&yaml);
+    let path = config.path().to_string_lossy().into_owned();
+    let out = run(idemgate().args(["--config", &path, "--listen", "127.0.0.1:0"])).await;
+    assert_eq!(out.code(), Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("table ops.idem")
+            && out.stderr.contains("permission denied for schema ops"),
+        "{}",
+        out.stderr
+    );
+    for statement in idemgate::store::create_statements("ops.idem") {
+        server.psql(&statement);
+    }
+    server.psql("GRANT USAGE ON SCHEMA ops TO app");
+    server.psql("GRANT SELECT, INSERT, UPDATE, DELETE ON ops.idem TO app");
+    let yaml = pg_yaml(
+        &url,
+        "  table: ops.idem\n  create_table: false\nidempotency:\n  on_concurrent: wait\n",
+    );
+    let proxy: PgProxy = Proxy::postgres(&yaml, &up).await;
+    let first = proxy.client().post("/charges", "granted", "{}").await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert!(
+        proxy
+            .client()
+            .post("/charges", "granted", "{}")
+            .await
+            .replayed()
+    );
+}

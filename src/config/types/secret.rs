@@ -15,10 +15,10 @@ pub(crate) const MASK: &str = "***";
 /// user-info part, which some clients read as a password.
 pub(crate) struct UrlSecret<'a> {
     /// Up to and including the `:` after the user name, or the `://` of a lone secret.
-    before: &'a str,
-    secret: &'a str,
+    pub(crate) before: &'a str,
+    pub(crate) secret: &'a str,
     /// From the `@` that ends the user-info on.
-    after: &'a str,
+    pub(crate) after: &'a str,
 }
 
 pub(crate) fn url_secret(url: &str) -> Option<UrlSecret<'_>> {

@@ -20,6 +20,52 @@ pub(super) fn unavailable(err: impl std::error::Error + Send + Sync + 'static) -
     StoreError::Unavailable(Box::new(err))
 }
 
+/// A PostgreSQL error as an operator needs to read it: the server's own message and
+/// SQLSTATE when it sent one (tokio-postgres's own text is only "db error"), else the
+/// client's account (which names the cause: refused, timed out, TLS).
+#[derive(Debug)]
+pub struct PgError(tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(
+                f,
+                "{}: {} (SQLSTATE {})",
+                db.severity(),
+                db.message(),
+                db.code().code()
+            ),
+            None => self.0.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(err: tokio_postgres::Error) -> Self {
+        Self(err)
+    }
+}
+
+/// A statement's error: the store is unavailable, and why in the server's words.
+pub(super) fn failed(err: tokio_postgres::Error) -> StoreError {
+    unavailable(PgError(err))
+}
+
+/// A pool's error, the database's own when it is one.
+pub(super) fn no_connection(err: deadpool_postgres::PoolError) -> StoreError {
+    match err {
+        deadpool_postgres::PoolError::Backend(err) => failed(err),
+        other => unavailable(other),
+    }
+}
+
 /// The URL's settings, with the connect timeout, keepalives and user timeout a proxy
 /// needs: a primary that vanished without a word is found out within seconds, not at
 /// the kernel's two hours (idle) or fifteen minutes (unacknowledged data).

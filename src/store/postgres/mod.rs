@@ -147,7 +147,7 @@ impl PostgresStore {
                     .pool
                     .get()
                     .await
-                    .map_err(|e| Checked::Store(conn::unavailable(e)))?;
+                    .map_err(|e| Checked::Store(conn::no_connection(e)))?;
                 schema::ensure(&mut client, &self.sql.table, self.create_table)
                     .await
                     .map_err(Checked::Schema)?;
@@ -178,7 +178,7 @@ impl PostgresStore {
                 }
             })?;
         }
-        self.pool.get().await.map_err(conn::unavailable)
+        self.pool.get().await.map_err(conn::no_connection)
     }
 
     /// Runs a prepared statement. A connection goes back to the pool only when its
@@ -196,9 +196,7 @@ impl PostgresStore {
             Ok(statement) => client.query(&statement, params).await,
             Err(err) => Err(err),
         };
-        answer
-            .map_err(conn::unavailable)
-            .inspect(|_| client.settle())
+        answer.map_err(conn::failed).inspect(|_| client.settle())
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
@@ -207,9 +205,7 @@ impl PostgresStore {
             Ok(statement) => client.execute(&statement, params).await,
             Err(err) => Err(err),
         };
-        answer
-            .map_err(conn::unavailable)
-            .inspect(|_| client.settle())
+        answer.map_err(conn::failed).inspect(|_| client.settle())
     }
 
     /// The notifying form of a statement when someone may wait.

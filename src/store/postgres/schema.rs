@@ -29,7 +29,7 @@ pub enum SchemaError {
     Database {
         table: String,
         #[source]
-        source: tokio_postgres::Error,
+        source: super::conn::PgError,
     },
 }
 
@@ -96,9 +96,9 @@ pub(super) async fn ensure(
     table: &str,
     create: bool,
 ) -> Result<(), SchemaError> {
-    let db = |source| SchemaError::Database {
+    let db = |source: tokio_postgres::Error| SchemaError::Database {
         table: table.to_owned(),
-        source,
+        source: source.into(),
     };
     match find(client, table).await.map_err(db)? {
         Found::Comment(comment) => return judge(table, comment),
@@ -128,7 +128,7 @@ pub(super) async fn replication_warning(client: &Client) -> Result<Option<String
     let row = client
         .query_one("SELECT current_setting('synchronous_standby_names')", &[])
         .await
-        .map_err(super::conn::unavailable)?;
+        .map_err(super::conn::failed)?;
     let names: String = row.get(0);
     Ok(names.trim().is_empty().then(|| {
         "postgres synchronous_standby_names is empty: a failover to an asynchronous standby can lose acknowledged claims, and their retries would execute again".to_owned()

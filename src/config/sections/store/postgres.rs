@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::StoreConfig;
 use crate::config::error::ConfigError;
 use crate::config::sections::upstream::tls::CertFile;
-use crate::config::types::secret::{redact_url, url_secret_is_masked};
+use crate::config::types::secret::{UrlSecret, url_secret};
 use crate::config::types::units::Count;
 use crate::config::types::{Text, forms, text};
 
@@ -174,7 +174,10 @@ pub fn split_sslmode(url: &str) -> Result<(String, SslMode), String> {
 /// Checks the URL as tokio-postgres will read it, without echoing the password.
 fn check_url(url: &str) -> Result<(), String> {
     let shown = redact_pg_url(url);
-    if url_secret_is_masked(url) || query_password(url).is_some_and(|p| p == "***") {
+    let masked = |p: &str| p.replace("%2A", "*").replace("%2a", "*") == "***";
+    if pg_password(url).is_some_and(|cut| masked(cut.secret))
+        || query_password(url).is_some_and(masked)
+    {
         return Err(format!(
             "'{shown}' has '***' for its password, what --check prints in place of the \
              password; write the password itself, e.g. ${{PGPASSWORD}}"
@@ -203,10 +206,24 @@ fn query_password(url: &str) -> Option<&str> {
         .find_map(|pair| pair.strip_prefix("password="))
 }
 
+/// The password of the URL's user info: unlike a Redis URL's, a lone user-info part is
+/// the user name, not a secret.
+pub(crate) fn pg_password(url: &str) -> Option<UrlSecret<'_>> {
+    url_secret(url).filter(|cut| cut.before.ends_with(':'))
+}
+
+/// Whether the URL holds a password, in its user info or its query.
+pub(crate) fn has_password(url: &str) -> bool {
+    pg_password(url).is_some() || query_password(url).is_some()
+}
+
 /// The URL with its password as `***`, wherever it is written: fit for logs and
 /// `--check`.
 pub fn redact_pg_url(url: &str) -> String {
-    let shown = redact_url(url);
+    let shown = match pg_password(url) {
+        Some(cut) => format!("{}***{}", cut.before, cut.after),
+        None => url.to_owned(),
+    };
     let Some((base, query)) = shown.split_once('?') else {
         return shown;
     };
@@ -273,6 +290,17 @@ mod tests {
             ),
             "postgres://idemgate:***@db1:5432,db2:5432/app?password=***&sslmode=require"
         );
+    }
+
+    #[test]
+    fn a_user_without_a_password_is_shown() {
+        assert_eq!(
+            redact_pg_url("postgres://idemgate@db1:5432/app"),
+            "postgres://idemgate@db1:5432/app"
+        );
+        assert!(!has_password("postgres://idemgate@db1:5432/app"));
+        assert!(has_password("postgres://idemgate@db1/app?password=x"));
+        assert!(check_url("postgres://idemgate@db1:5432/app").is_ok());
     }
 
     #[test]
