@@ -63,8 +63,18 @@ fn fill_in(yaml: &str) -> String {
 
 /// What [`fill_in`] of `config.to_yaml()` loads to: `config` with each secret `FILLED`.
 fn with_secrets_filled(config: Config) -> Config {
-    let fill =
-        |urls: &[String]| -> Vec<String> { urls.iter().map(|url| mask_url(url, FILLED)).collect() };
+    let postgres = config.store.kind == StoreKind::Postgres;
+    let fill = |urls: &[String]| -> Vec<String> {
+        urls.iter()
+            .map(|url| {
+                if postgres {
+                    crate::config::sections::store::postgres::mask_pg_url(url, FILLED)
+                } else {
+                    mask_url(url, FILLED)
+                }
+            })
+            .collect()
+    };
     let sentinel = config
         .store
         .sentinel

@@ -220,20 +220,25 @@ pub(crate) fn has_password(url: &str) -> bool {
 /// The URL with its password as `***`, wherever it is written: fit for logs and
 /// `--check`.
 pub fn redact_pg_url(url: &str) -> String {
+    mask_pg_url(url, "***")
+}
+
+/// The URL with its password replaced by `mask`, wherever it is written.
+pub(crate) fn mask_pg_url(url: &str, mask: &str) -> String {
     let shown = match pg_password(url) {
-        Some(cut) => format!("{}***{}", cut.before, cut.after),
+        Some(cut) => format!("{}{mask}{}", cut.before, cut.after),
         None => url.to_owned(),
     };
     let Some((base, query)) = shown.split_once('?') else {
         return shown;
     };
-    let query: Vec<&str> = query
+    let query: Vec<String> = query
         .split('&')
         .map(|pair| {
             if pair.starts_with("password=") {
-                "password=***"
+                format!("password={mask}")
             } else {
-                pair
+                pair.to_owned()
             }
         })
         .collect();
