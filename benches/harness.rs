@@ -14,11 +14,14 @@
 //! file store of another binary, Redis with a replica, the memory and Redis stores with
 //! `store.encryption` (`memory-enc`, `redis-enc`), and the memory store scoped by the
 //! principal of a bearer JWT whose keys and tokens are made at start (`memory-jwt-rs256`,
-//! `memory-jwt-es256`; docs/behaviour.md §17). It then drives each target
+//! `memory-jwt-es256`; docs/behaviour.md §17), and the PostgreSQL store on a throwaway
+//! cluster of its own, with and without synchronous commit (`postgres`,
+//! `postgres-async`; docs/behaviour.md §22). It then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
-//! baseline measured in the same run, Redis commands and file-store flushes per request,
-//! and the targets of issues 6 and 12, and of issue 27 (encryption and a JWT principal
-//! against the same store without them). Unless `--concurrency` is given, a second pass
+//! baseline measured in the same run, Redis commands, PostgreSQL statements and file-store
+//! flushes per request, the store server's CPU per request, and the targets of issues 6
+//! and 12, of issue 27 (encryption and a JWT principal against the same store without
+//! them) and of issue 39 (PostgreSQL). Unless `--concurrency` is given, a second pass
 //! then measures every (target, scenario) again at low load: one keep-alive connection,
 //! one request at a time, the baseline again right before each scenario's targets; its
 //! table gives p50 as microseconds above the baseline's, for the targets of issues 16 and
@@ -63,8 +66,9 @@
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters and
 //!   round trips, `/metrics`.
+//! - [`postgres`]: the throwaway PostgreSQL cluster, and its statement and WAL counters.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12, 16, 27 and 29, PASS or FAIL (informational);
+//! - [`goals`]: the targets of issues 6, 12, 16, 27, 29 and 39, PASS or FAIL (informational);
 //!   issue 16's context-switch targets are shown as withdrawn by issue 29.
 
 #![allow(
@@ -95,6 +99,8 @@ mod load;
 mod memory;
 #[path = "harness/open.rs"]
 mod open;
+#[path = "harness/postgres.rs"]
+mod postgres;
 #[path = "harness/principal.rs"]
 mod principal;
 #[path = "harness/procs.rs"]
@@ -147,6 +153,11 @@ pub(crate) enum TargetKind {
     OtherFile,
     /// The same with `fsync: false`.
     OtherFileNoSync,
+    /// The PostgreSQL store on a database of the harness's cluster, whose commits wait
+    /// for the WAL flush (`synchronous_commit = on`; docs/behaviour.md §22).
+    Postgres,
+    /// The same on a database with `synchronous_commit = off`.
+    PostgresAsync,
     Nginx,
 }
 
@@ -167,6 +178,8 @@ impl TargetKind {
             TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::OtherFile => "other-file",
             TargetKind::OtherFileNoSync => "other-file-nosync",
+            TargetKind::Postgres => "idemgate-postgres",
+            TargetKind::PostgresAsync => "idemgate-postgres-async",
             TargetKind::Nginx => "nginx",
         }
     }
@@ -198,6 +211,8 @@ impl TargetKind {
                 | TargetKind::FileNoSync
                 | TargetKind::OtherFile
                 | TargetKind::OtherFileNoSync
+                | TargetKind::Postgres
+                | TargetKind::PostgresAsync
         )
     }
 }
@@ -296,9 +311,10 @@ impl Scenario {
         }
     }
 
-    /// Top-level Redis commands a request costs: a replay one round trip, a first
-    /// execution two, a pass-through none (docs/behaviour.md §5).
-    pub(crate) fn redis_commands(self) -> u64 {
+    /// Store round trips a request costs, top-level Redis commands or PostgreSQL
+    /// statements: a replay one, a first execution two, a pass-through none
+    /// (docs/behaviour.md §5, §22).
+    pub(crate) fn round_trips(self) -> u64 {
         match self {
             Scenario::Unguarded => 0,
             Scenario::Miss | Scenario::JsonKey | Scenario::Slow | Scenario::Upload => 2,
@@ -414,6 +430,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         idemgate,
         redis_server,
         nginx,
+        postgres,
     } = targets::start(
         dir.path(),
         upstream,
@@ -438,7 +455,12 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         None
     };
 
-    report::machine(&idemgate, redis_server.as_deref(), nginx.as_deref());
+    report::machine(
+        &idemgate,
+        redis_server.as_deref(),
+        nginx.as_deref(),
+        postgres.as_deref(),
+    );
     let passes: Vec<String> = [args.main_pass(), args.low_load]
         .into_iter()
         .flatten()
@@ -485,11 +507,12 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     // The harness itself (load generator and upstream) and every process started.
     let watched: Vec<cpu::Watched> = std::iter::once(cpu::Watched {
         pid: std::process::id(),
-        children: false,
+        tree: false,
     })
     .chain(procs.iter().map(|p| cpu::Watched {
         pid: p.pid(),
-        children: p.name == "nginx",
+        // nginx works in its workers, PostgreSQL in its backends and background processes.
+        tree: p.name == "nginx" || p.name == postgres::PROC_NAME,
     }))
     .collect();
     let rounds = args.rounds;
@@ -533,6 +556,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
             goals::issues_6_and_12(&main);
             goals::issue_27(&main);
             goals::issue_31(&main);
+            goals::issue_39(&main);
             if args.scenarios.contains(&Scenario::Upload) {
                 goals::issue_30(&main);
             }

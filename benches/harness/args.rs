@@ -43,7 +43,10 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       the raw header, the reference of the JWT goals; memory-otlp:
                       telemetry.otlp exporting every span (sample_ratio 1.0) to a
                       sink in the harness, against memory (issue 31; the smoke run
-                      includes it)
+                      includes it); postgres,postgres-async: the PostgreSQL store on
+                      a throwaway cluster the harness starts (initdb from the
+                      highest /usr/lib/postgresql/*/bin, fsync on), a database
+                      each, the second with synchronous_commit off (issue 39)
   --scenarios LIST    subset of unguarded,miss,hit,json-key (the default), and,
                       not in the default run: slow: a miss whose upstream answers
                       after 20 ms (header x-bench-delay-ms), at 256 connections in
@@ -280,6 +283,8 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "file-nosync" => Some(TargetKind::FileNoSync),
                     "other-file" => Some(TargetKind::OtherFile),
                     "other-file-nosync" => Some(TargetKind::OtherFileNoSync),
+                    "postgres" => Some(TargetKind::Postgres),
+                    "postgres-async" => Some(TargetKind::PostgresAsync),
                     "nginx" => Some(TargetKind::Nginx),
                     _ => None,
                 })?;

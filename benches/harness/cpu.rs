@@ -2,7 +2,11 @@
 //! context switches), and how much of the machine something outside the harness took
 //! meanwhile (a parallel build on a 2-core box moves requests/s by tens of percent; the
 //! "other load" column makes that visible); and its resident memory (`VmRSS`, `VmHWM`).
+//! A server of several processes (nginx, a PostgreSQL cluster) is counted as its whole
+//! tree: every process whose parent chain leads to it, and those that ended and it
+//! reaped.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Ticks per second of `/proc` CPU times (`USER_HZ`, 100 on every Linux architecture).
@@ -12,9 +16,10 @@ const TICKS_PER_SEC: f64 = 100.0;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Watched {
     pub(crate) pid: u32,
-    /// Add its direct children (nginx's workers); not for the harness, whose children
-    /// are the other targets.
-    pub(crate) children: bool,
+    /// Add its descendants, alive or reaped by it (nginx's workers; a PostgreSQL
+    /// postmaster's backends, walwriter, checkpointer and autovacuum workers); not for
+    /// the harness, whose children are the other targets.
+    pub(crate) tree: bool,
 }
 
 /// What a process has used so far.
@@ -29,7 +34,16 @@ struct Counters {
 impl Counters {
     fn of(pid: u32) -> Self {
         Self {
-            ticks: stat(pid).map_or(0, |(_, ticks)| ticks),
+            ticks: stat(pid).map_or(0, |s| s.ticks),
+            switches: switches(pid),
+        }
+    }
+
+    /// The root of a tree: its own counters, and the CPU time of the children it has
+    /// reaped (a backend that ended during the window keeps counting).
+    fn of_root(pid: u32) -> Self {
+        Self {
+            ticks: stat(pid).map_or(0, |s| s.ticks + s.reaped_ticks),
             switches: switches(pid),
         }
     }
@@ -49,25 +63,29 @@ pub(crate) struct Snapshot {
     /// Machine-wide non-idle ticks, all CPUs, steal excluded.
     busy: u64,
     steal: u64,
-    /// Each watched process (with its children if asked), in the order given.
+    /// Each watched process (with its tree if asked), in the order given.
     procs: Vec<Counters>,
 }
 
 /// Takes a snapshot of the machine and of `watched`.
 pub(crate) fn snapshot(watched: &[Watched]) -> Snapshot {
     let (busy, steal) = machine().unwrap_or((0, 0));
-    let all = if watched.iter().any(|w| w.children) {
+    let parents = if watched.iter().any(|w| w.tree) {
         every_process()
     } else {
-        Vec::new()
+        HashMap::new()
     };
     let procs = watched
         .iter()
         .map(|w| {
-            all.iter()
-                .filter(|(ppid, _)| w.children && *ppid == w.pid)
-                .map(|&(_, kid)| Counters::of(kid))
-                .fold(Counters::of(w.pid), Counters::add)
+            if !w.tree {
+                return Counters::of(w.pid);
+            }
+            parents
+                .keys()
+                .filter(|&&pid| descends_from(pid, w.pid, &parents))
+                .map(|&pid| Counters::of(pid))
+                .fold(Counters::of_root(w.pid), Counters::add)
         })
         .collect();
     Snapshot {
@@ -137,15 +155,26 @@ fn machine() -> Option<(u64, u64)> {
     Some((total - idle - steal, steal))
 }
 
-/// `(ppid, utime + stime)` of a process.
-fn stat(pid: u32) -> Option<(u32, u64)> {
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Debug, Clone, Copy)]
+struct Stat {
+    ppid: u32,
+    /// utime + stime.
+    ticks: u64,
+    /// cutime + cstime: its children that ended and that it waited for.
+    reaped_ticks: u64,
+}
+
+fn stat(pid: u32) -> Option<Stat> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses; the fields follow the last `)`.
     let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ppid = rest.get(1)?.parse().ok()?;
-    let utime: u64 = rest.get(11)?.parse().ok()?;
-    let stime: u64 = rest.get(12)?.parse().ok()?;
-    Some((ppid, utime + stime))
+    let field = |i: usize| rest.get(i)?.parse::<u64>().ok();
+    Some(Stat {
+        ppid: rest.get(1)?.parse().ok()?,
+        ticks: field(11)? + field(12)?,
+        reaped_ticks: field(13)? + field(14)?,
+    })
 }
 
 /// Context switches of every thread of a process (threads that ended are not counted;
@@ -166,14 +195,28 @@ fn switches(pid: u32) -> u64 {
         .sum()
 }
 
-/// `(ppid, pid)` of every process, to add nginx's workers to their master.
-fn every_process() -> Vec<(u32, u32)> {
+/// pid -> ppid of every process, to add a server's tree to its root.
+fn every_process() -> HashMap<u32, u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return HashMap::new();
     };
     dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| Some((stat(pid)?.0, pid)))
+        .filter_map(|pid| Some((pid, stat(pid)?.ppid)))
         .collect()
+}
+
+/// Whether `root` is among the ancestors of `pid` (not `pid` itself).
+fn descends_from(pid: u32, root: u32, parents: &HashMap<u32, u32>) -> bool {
+    let mut at = pid;
+    // A chain longer than this is a loop in a snapshot torn by exits and forks.
+    for _ in 0..64 {
+        match parents.get(&at) {
+            Some(&ppid) if ppid == root => return true,
+            Some(&ppid) if ppid > 1 => at = ppid,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// A process's resident memory, from `/proc/<pid>/status`, in KiB.

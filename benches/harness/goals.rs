@@ -1,5 +1,5 @@
-//! The targets the issues set, checked against the rows of this run: issues 6, 12, 27 and
-//! 31 on the main pass, issues 16 and 29 on both passes. Informational: a `FAIL` is printed,
+//! The targets the issues set, checked against the rows of this run: issues 6, 12, 27,
+//! 31 and 39 on the main pass, issues 16 and 29 on both passes. Informational: a `FAIL` is printed,
 //! and does not fail the run (only the correctness checks do). A smoke run prints none of
 //! them: at its durations they mean nothing, and a passing test run must print no `FAIL`;
 //! nor does an `--account` run, whose counting inflates CPU and latency.
@@ -40,7 +40,7 @@ impl Metric {
             Metric::Cpu => ratio(row.cpu_us(), base.cpu_us()),
             Metric::P50AboveRtts(rtts) => row.p50_us() - base.p50_us() - rtts * row.redis_rtt_us(),
             Metric::P99AboveBase => row.p99_ms() - base.p99_ms(),
-            Metric::RedisCpu => row.redis_cpu_us(),
+            Metric::RedisCpu => row.server_cpu_us(),
             Metric::RssMib => row.rss_mib(),
         }
     }
@@ -183,6 +183,77 @@ fn relative(goals: &[Relative], rounds: &[Vec<Row>]) {
             judge(&values, metric, bound, &label);
         }
     }
+}
+
+/// The targets of issue 39, when a PostgreSQL target ran (docs/behaviour.md §22): a
+/// replay at 0.60× the plain proxy, a first execution with synchronous commit at least
+/// the file store's (with fsync) ratio of the same round, and without it at 0.35×.
+pub(crate) fn issue_39(rounds: &[Vec<Row>]) {
+    let ran = |target: TargetKind| rounds.iter().flatten().any(|r| r.target() == target);
+    if !ran(TargetKind::Postgres) && !ran(TargetKind::PostgresAsync) {
+        return;
+    }
+    println!(
+        "\ntargets of issue 39 (ratios to the plain proxy in the same round){}:",
+        of_rounds(rounds.len()),
+    );
+    let [hit, miss_async] = &ISSUE_39;
+    check(std::slice::from_ref(hit), rounds);
+    // Both against the same baseline run, so the ratio of their ratios is theirs.
+    let against_file: Vec<f64> = rounds
+        .iter()
+        .filter_map(|rows| {
+            let postgres = row_of(rows, TargetKind::Postgres, Scenario::Miss)?;
+            let file = row_of(rows, TargetKind::File, Scenario::Miss)?;
+            Some(ratio(postgres.rps(), file.rps()))
+        })
+        .collect();
+    judge(
+        &against_file,
+        Metric::Rps,
+        1.0,
+        "miss on postgres (synchronous commit), req/s >= 1.00x idemgate-file's (fsync) in the same round",
+    );
+    check(std::slice::from_ref(miss_async), rounds);
+    // What the figures above come from: each target's own ratio, and its store server.
+    for target in [
+        TargetKind::Postgres,
+        TargetKind::PostgresAsync,
+        TargetKind::File,
+    ] {
+        for scenario in [Scenario::Miss, Scenario::Hit] {
+            let rows: Vec<(&Row, &Row)> = rounds
+                .iter()
+                .filter_map(|rows| Some((row_of(rows, target, scenario)?, base(rows, scenario)?)))
+                .collect();
+            let Some(rps) = median(
+                &rows
+                    .iter()
+                    .map(|(row, b)| ratio(row.rps(), b.rps()))
+                    .collect::<Vec<_>>(),
+            ) else {
+                continue;
+            };
+            let cpu = |f: fn(&Row) -> f64| {
+                median(&rows.iter().map(|(row, _)| f(row)).collect::<Vec<_>>())
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+            };
+            println!(
+                "  info  {:>8}  {} on {}, req/s; idemgate CPU {} µs/req, server CPU {} µs/req (medians)",
+                format!("{rps:.2}×"),
+                scenario.name(),
+                target.name(),
+                cpu(Row::cpu_us),
+                cpu(Row::server_cpu_us),
+            );
+        }
+    }
+}
+
+/// The row of `target` in `scenario` among one round's `rows`.
+fn row_of(rows: &[Row], target: TargetKind, scenario: Scenario) -> Option<&Row> {
+    rows.iter()
+        .find(|r| r.target() == target && r.scenario() == scenario)
 }
 
 /// The targets of issue 16: p50 at one connection from the low-load pass, the rest from
@@ -413,6 +484,25 @@ const ISSUES_6_AND_12: [Goal; 9] = [
         bound: 0.60,
     },
     P99_OF_MISS_ON_REDIS,
+];
+
+/// Issue 39's goals against the plain proxy; the third, a first execution with
+/// synchronous commit against the file store's, is judged in [`issue_39`].
+const ISSUE_39: [Goal; 2] = [
+    Goal {
+        label: "hit on postgres, req/s >= 0.60x",
+        target: TargetKind::Postgres,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    Goal {
+        label: "miss on postgres-async (synchronous_commit off), req/s >= 0.35x",
+        target: TargetKind::PostgresAsync,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.35,
+    },
 ];
 
 /// Issue 16 at low load: what a store round trip adds to one request's latency.

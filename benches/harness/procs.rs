@@ -1,4 +1,5 @@
-//! The processes the harness starts (the baseline proxy, idemgate, redis-server, nginx),
+//! The processes the harness starts (the baseline proxy, idemgate, redis-server, nginx,
+//! PostgreSQL),
 //! each behind a guard that stops it when dropped — on success, on error and on panic —
 //! and the temp dir that holds their configs and logs.
 
@@ -54,11 +55,20 @@ pub(crate) struct Proc {
     log: PathBuf,
     /// Held open so that a child watching its stdin exits when the harness is gone.
     _stdin: Option<ChildStdin>,
+    /// What `kill` sends first on drop: `-TERM` unless [`Proc::stopped_by`] said.
+    stop_signal: &'static str,
 }
 
 impl Proc {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Stopped with `signal` (as `kill` spells it: `-QUIT`) instead of SIGTERM: a
+    /// postmaster's SIGTERM waits for its clients to leave.
+    pub(crate) fn stopped_by(mut self, signal: &'static str) -> Self {
+        self.stop_signal = signal;
+        self
     }
 
     /// How the process ended, if it has.
@@ -79,7 +89,7 @@ impl Drop for Proc {
         if matches!(self.child.try_wait(), Ok(None)) {
             // Graceful first: nginx's workers outlive a SIGKILLed master.
             let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
+                .args([self.stop_signal, &self.child.id().to_string()])
                 .stderr(Stdio::null())
                 .status();
             let deadline = Instant::now() + STOP_GRACE;
@@ -128,6 +138,7 @@ pub(crate) async fn spawn_server(
             child,
             log: log.clone(),
             _stdin: stdin,
+            stop_signal: "-TERM",
         };
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -214,6 +225,11 @@ pub(crate) enum Store {
         fsync: bool,
         /// Another binary's store (`IDEMGATE_OTHER_BIN`): a directory of its own.
         other: bool,
+    },
+    /// A database of the harness's PostgreSQL cluster (docs/behaviour.md §22).
+    Postgres {
+        port: u16,
+        database: &'static str,
     },
 }
 
@@ -303,6 +319,10 @@ pub(crate) fn idemgate_yaml(
                 path.display()
             )
         }
+        // The cluster trusts every local connection; it has no TLS.
+        Store::Postgres { port, database } => format!(
+            "  kind: postgres\n  url: postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable\n"
+        ),
     };
     let mut policy = tuning.ttl.map_or_else(String::new, |ttl| {
         let ms = ttl.as_millis().max(1);

@@ -9,6 +9,7 @@ use crate::account::Account;
 use crate::args::SlowLoad;
 use crate::cpu::{PerRequest, Rss, Usage};
 use crate::load::Outcome;
+use crate::postgres::PgUse;
 use crate::procs;
 use crate::{Scenario, TargetKind};
 
@@ -30,6 +31,8 @@ pub(crate) struct Row {
     /// The low-load pass, a Redis target: the median Redis round trip the harness
     /// measured at one connection right before its scenario's Redis targets, in µs.
     pub(crate) redis_rtt_us: Option<f64>,
+    /// A PostgreSQL target: what its database did, per request.
+    pub(crate) postgres: Option<PgUse>,
 }
 
 /// What the Redis target sent to Redis during a run (warm-up included).
@@ -57,7 +60,8 @@ pub(crate) struct StoreUse {
 pub(crate) struct Cpu {
     /// The target process (nginx: with its workers).
     pub(crate) proxy: PerRequest,
-    pub(crate) redis: Option<PerRequest>,
+    /// The store's server: redis-server, or every process of the PostgreSQL cluster.
+    pub(crate) server: Option<PerRequest>,
     /// The load generator and the upstream.
     pub(crate) harness: PerRequest,
     pub(crate) usage: Usage,
@@ -90,7 +94,7 @@ impl Row {
             ));
         }
         if let Some(redis) = &redis {
-            let want = scenario.redis_commands();
+            let want = scenario.round_trips();
             if redis.round_trips.round() as u64 != want {
                 problems.push(format!(
                     "{:.2} Redis round trips per request ({}), want {want} (docs/behaviour.md §5)",
@@ -114,6 +118,7 @@ impl Row {
             rss: None,
             account: None,
             redis_rtt_us: None,
+            postgres: None,
         }
     }
 
@@ -134,9 +139,19 @@ impl Row {
         self.cpu.proxy.cpu_us
     }
 
-    /// redis-server's CPU time per measured request, in µs; NaN without one.
-    pub(crate) fn redis_cpu_us(&self) -> f64 {
-        self.cpu.redis.map_or(f64::NAN, |r| r.cpu_us)
+    /// The store server's CPU time per measured request (redis-server, or the whole
+    /// PostgreSQL cluster), in µs; NaN without one.
+    pub(crate) fn server_cpu_us(&self) -> f64 {
+        self.cpu.server.map_or(f64::NAN, |r| r.cpu_us)
+    }
+
+    /// Store round trips per request: Redis's, or PostgreSQL statements; `None` for a
+    /// target without a store server.
+    fn store_round_trips(&self) -> Option<f64> {
+        self.redis
+            .as_ref()
+            .map(|r| r.round_trips)
+            .or(self.postgres.as_ref().map(|pg| pg.statements))
     }
 
     /// The target process's RSS at the end of the measured window, in MiB; NaN unknown.
@@ -167,7 +182,12 @@ impl Row {
 }
 
 /// The machine the numbers come from.
-pub(crate) fn machine(idemgate: &Path, redis: Option<&Path>, nginx: Option<&Path>) {
+pub(crate) fn machine(
+    idemgate: &Path,
+    redis: Option<&Path>,
+    nginx: Option<&Path>,
+    postgres: Option<&Path>,
+) {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |text: &str, key: &str| {
         text.lines()
@@ -190,6 +210,9 @@ pub(crate) fn machine(idemgate: &Path, redis: Option<&Path>, nginx: Option<&Path
     }
     if let Some(nginx) = nginx {
         println!("nginx: {}", procs::first_line(nginx, &["-v"]));
+    }
+    if let Some(postgres) = postgres {
+        println!("postgres: {}", procs::first_line(postgres, &["--version"]));
     }
 }
 
@@ -227,7 +250,7 @@ pub(crate) fn summary(rows: &[Row], notes: &[String]) {
 /// baseline's of the same scenario.
 pub(crate) fn low_load(rows: &[Row]) {
     println!(
-        "| target | scenario | req/s | p50 µs | p50 +µs vs base | p99 µs | proxy CPU µs/req | proxy ctx sw/req | redis CPU µs/req | redis RTT µs | p50 + in RTTs |"
+        "| target | scenario | req/s | p50 µs | p50 +µs vs base | p99 µs | proxy CPU µs/req | proxy ctx sw/req | server CPU µs/req | redis RTT µs | p50 + in RTTs |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
@@ -246,7 +269,7 @@ pub(crate) fn low_load(rows: &[Row]) {
             row.cpu.proxy.cpu_us,
             row.cpu.proxy.switches,
             row.cpu
-                .redis
+                .server
                 .map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.cpu_us)),
             rtt.map_or_else(|| "-".to_owned(), |rtt| format!("{rtt:.0}")),
             rtt.map_or_else(
@@ -315,7 +338,7 @@ pub(crate) fn ratio(value: f64, of: f64) -> f64 {
 
 fn table(rows: &[Row]) {
     println!(
-        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | redis round trips/req | redis CPU µs/req | other load (CPUs) | RSS MiB |"
+        "| target | scenario | req/s | × base | p50 ms | × base | p99 ms | × base | proxy CPU µs/req | × base | proxy ctx sw/req | store round trips/req | server CPU µs/req | other load (CPUs) | RSS MiB |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
@@ -336,11 +359,10 @@ fn table(rows: &[Row]) {
             row.cpu.proxy.cpu_us,
             ratio(row.cpu.proxy.cpu_us, b.cpu.proxy.cpu_us),
             row.cpu.proxy.switches,
-            row.redis
-                .as_ref()
-                .map_or_else(dash, |r| format!("{:.2}", r.round_trips)),
+            row.store_round_trips()
+                .map_or_else(dash, |n| format!("{n:.2}")),
             row.cpu
-                .redis
+                .server
                 .map_or_else(dash, |r| format!("{:.1}", r.cpu_us)),
             row.cpu.usage.other_cpus,
             row.rss_mib(),
@@ -348,7 +370,7 @@ fn table(rows: &[Row]) {
     }
 }
 
-/// What Redis and the file store did per request.
+/// What Redis, PostgreSQL and the file store did per request.
 fn store_notes(rows: &[Row]) {
     for row in rows {
         if let Some(redis) = &row.redis {
@@ -361,6 +383,26 @@ fn store_notes(rows: &[Row]) {
                     &redis.commands
                 },
                 redis.inside_scripts,
+            );
+        }
+    }
+    for row in rows {
+        if let Some(pg) = &row.postgres {
+            let syncs = pg.wal_syncs.map_or_else(
+                || "WAL flushes not counted (no pg_stat_wal.wal_sync)".to_owned(),
+                |(syncs, us)| {
+                    format!(
+                        "the cluster's WAL flushes {syncs:.3} and {us:.0} µs of them per request (pg_stat_wal, ±10 %)"
+                    )
+                },
+            );
+            println!(
+                "{}, {}: {:.2} statements per request ({}), WAL {:.0} B per request, {syncs}",
+                row.target.name(),
+                row.scenario.name(),
+                pg.statements,
+                pg.by_statement,
+                pg.wal_bytes,
             );
         }
     }

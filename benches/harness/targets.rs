@@ -1,6 +1,6 @@
 //! Starting the targets (the baseline, idemgate on each store, nginx) and measuring one
-//! (target, scenario): priming, load, CPU, RSS and Redis counters, checks, and with
-//! `--account` the syscalls and allocations of the window.
+//! (target, scenario): priming, load, CPU, RSS, Redis and PostgreSQL counters, checks,
+//! and with `--account` the syscalls and allocations of the window.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::account::{self, Account, AllocSource, Allocs, Counting};
 use crate::args::Pass;
+use crate::postgres::{self, Cluster, PgUse};
 use crate::procs::{self, Proc, Store, Tuning};
 use crate::report::{self, Row};
 use crate::{BoxError, Scenario, TargetKind, cpu, load, memory, principal, servers};
@@ -26,6 +27,8 @@ pub(crate) struct Target {
     addr: SocketAddr,
     pid: u32,
     redis: Option<Redis>,
+    /// The PostgreSQL database behind a postgres target.
+    postgres: Option<Pg>,
     /// The admin port of a file-store target, whose flush counters are read, and of every
     /// idemgate target with `--account`.
     admin: Option<u16>,
@@ -47,6 +50,7 @@ impl Target {
             addr,
             pid,
             redis: None,
+            postgres: None,
             admin: None,
             alloc: None,
             authorization: load::AUTHORIZATION,
@@ -69,6 +73,14 @@ struct Redis {
     pid: u32,
 }
 
+/// The PostgreSQL database behind a target: its cluster (where the statistics are read,
+/// and whose processes' CPU is counted) and its name.
+#[derive(Debug, Clone, Copy)]
+struct Pg {
+    cluster: Cluster,
+    database: &'static str,
+}
+
 /// Everything [`start`] started.
 #[derive(Debug)]
 pub(crate) struct Started {
@@ -80,6 +92,8 @@ pub(crate) struct Started {
     pub(crate) idemgate: PathBuf,
     pub(crate) redis_server: Option<PathBuf>,
     pub(crate) nginx: Option<PathBuf>,
+    /// The `postgres` binary the cluster ran, when it ran.
+    pub(crate) postgres: Option<PathBuf>,
 }
 
 /// Starts the baseline and the `wanted` targets in front of `upstream`, their configs
@@ -341,6 +355,50 @@ pub(crate) async fn start(
             procs.push(proc);
         }
     }
+    // One PostgreSQL cluster for both targets, a database each; the async one's commits
+    // do not wait for the WAL flush (docs/behaviour.md §22). It runs first: a backend
+    // reports its WAL flushes at most once a second, and the last second of a run 10 s
+    // after it, in the next run's counts; the async run's few are lost in the sync
+    // run's, while the sync run's would double the async run's.
+    let pg_kinds = [
+        (TargetKind::PostgresAsync, postgres::ASYNC_DATABASE),
+        (TargetKind::Postgres, postgres::SYNC_DATABASE),
+    ];
+    let mut postgres_bin = None;
+    if pg_kinds.iter().any(|(kind, _)| wanted.contains(kind)) {
+        match postgres::bin_dir() {
+            Some(bin) => {
+                let (proc, cluster) = postgres::start(dir, &bin).await?;
+                procs.push(proc);
+                postgres_bin = Some(bin.join("postgres"));
+                for (kind, database) in pg_kinds {
+                    if !wanted.contains(&kind) {
+                        continue;
+                    }
+                    let store = Store::Postgres {
+                        port: cluster.port,
+                        database,
+                    };
+                    let (proc, target) = start_idemgate(kind, store, Tuning::default()).await?;
+                    targets.push(Target {
+                        postgres: Some(Pg { cluster, database }),
+                        ..target
+                    });
+                    procs.push(proc);
+                }
+            }
+            None => {
+                for (kind, _) in pg_kinds {
+                    if wanted.contains(&kind) {
+                        notes.push(format!(
+                            "{} skipped: no PostgreSQL (no /usr/lib/postgresql/*/bin, no initdb on PATH)",
+                            kind.name()
+                        ));
+                    }
+                }
+            }
+        }
+    }
     let nginx = procs::on_path("nginx");
     if wanted.contains(&TargetKind::Nginx) {
         match &nginx {
@@ -368,6 +426,7 @@ pub(crate) async fn start(
         idemgate,
         redis_server,
         nginx,
+        postgres: postgres_bin,
     })
 }
 
@@ -411,6 +470,10 @@ impl Target {
         }
         let before = match self.redis {
             Some(redis) => procs::command_stats(redis.port).await.map(Some),
+            None => Ok(None),
+        };
+        let pg_before = match self.postgres {
+            Some(pg) => pg.cluster.counters(pg.database).await.map(Some),
             None => Ok(None),
         };
         let file_admin = self.admin.filter(|_| self.kind.is_file());
@@ -528,9 +591,13 @@ impl Target {
             cpu_us: f64::NAN,
             switches: f64::NAN,
         };
+        let server = self
+            .redis
+            .map(|r| r.pid)
+            .or(self.postgres.map(|pg| pg.cluster.pid));
         let cpu = report::Cpu {
             proxy: per_request(self.pid).unwrap_or(unknown),
-            redis: self.redis.and_then(|r| per_request(r.pid)),
+            server: server.and_then(per_request),
             harness: per_request(std::process::id()).unwrap_or(unknown),
             usage: cpu::Usage::between(&cpu_from, &cpu_to),
         };
@@ -554,6 +621,24 @@ impl Target {
                 (Ok(None), _) => {}
             }
         }
+        let mut pg = None;
+        if let Some(p) = self.postgres {
+            match (pg_before, p.cluster.counters(p.database).await) {
+                (Ok(Some(before)), Ok(after)) => {
+                    let used = PgUse::between(&before, &after, outcome.completed);
+                    let want = scenario.round_trips();
+                    if used.statements.round() as u64 != want {
+                        problems.push(format!(
+                            "{:.2} PostgreSQL statements per request ({}), want {want} (docs/behaviour.md §22)",
+                            used.statements, used.by_statement
+                        ));
+                    }
+                    pg = Some(used);
+                }
+                (Err(err), _) | (_, Err(err)) => problems.push(format!("PostgreSQL: {err}")),
+                (Ok(None), _) => {}
+            }
+        }
         let mut store = None;
         if let Some(port) = file_admin {
             match (flushes_before, flush_counters(port).await) {
@@ -573,6 +658,7 @@ impl Target {
         let mut row = Row::new(self.kind, scenario, outcome, redis, store, cpu, problems);
         row.rss = rss;
         row.account = account;
+        row.postgres = pg;
         row
     }
 }
