@@ -320,9 +320,17 @@ pub(crate) fn idemgate_yaml(
             )
         }
         // The cluster trusts every local connection; it has no TLS.
-        Store::Postgres { port, database } => format!(
-            "  kind: postgres\n  url: postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable\n"
-        ),
+        // `IDEMGATE_BENCH_PG_POOL` sets `pool_size` (the store's default, 16, without it),
+        // to measure what more commits in flight do.
+        Store::Postgres { port, database } => {
+            let pool = std::env::var("IDEMGATE_BENCH_PG_POOL")
+                .ok()
+                .and_then(|n| n.parse::<usize>().ok())
+                .map_or(String::new(), |n| format!("  pool_size: {n}\n"));
+            format!(
+                "  kind: postgres\n  url: postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable\n{pool}"
+            )
+        }
     };
     let mut policy = tuning.ttl.map_or_else(String::new, |ttl| {
         let ms = ttl.as_millis().max(1);
