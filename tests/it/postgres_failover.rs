@@ -404,3 +404,72 @@ async fn an_asynchronous_standby_promoted_serves_again_and_its_losses_are_counte
     // Keys executed twice are the figure this run exists for; they are not an error.
     assert_served(&figures);
 }
+
+/// How soon idemgate must serve again once the standby is promoted, when the old
+/// primary's host went silent: its pooled connections each cost one `store.timeout`.
+const SERVED_AGAIN: Duration = Duration::from_secs(10);
+
+/// A primary whose host stops answering without closing anything (a partition, a
+/// machine lost) leaves idemgate's pooled connections to it open and silent: each call
+/// on one ends at `store.timeout`. Such a connection must not go back to the pool, or
+/// idemgate keeps answering 503 long after the standby was promoted, for as long as the
+/// kernel keeps the connection open (docs/behaviour.md §22 "Failover").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_gone_silent_is_left_for_the_promoted_standby() {
+    let primary = PgServer::start().await;
+    let standby = primary.standby(true).await;
+    let host = Relay::start(([127, 0, 0, 1], primary.port).into()).await;
+    let up = Upstream::start().await;
+    let yaml = format!(
+        "upstream:\n  url: {{upstream}}\nstore:\n  kind: postgres\n  \
+         url: postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write\n  \
+         timeout: 500ms\n  pool_size: 4\n",
+        host.addr.port(),
+        standby.port
+    );
+    let proxy: PgProxy = Proxy::postgres(&yaml, &up).await;
+    let c = proxy.client();
+    // A full pool, every connection to the primary: none is made while they last.
+    let before: Vec<_> = (0..8)
+        .map(|i| c.spawn_post("/charges", &format!("before-{i}"), "{}"))
+        .collect();
+    for answer in before {
+        assert_eq!(answer.await.expect("join").status, 201);
+    }
+    let pool = proxy.state.metrics.render();
+    assert!(
+        pool.contains("idemgate_store_pool_connections{state=\"idle\"} 4"),
+        "{pool}"
+    );
+
+    // The primary runs on behind the relay: killing it would close the relay's
+    // connections, which a host that is gone does not.
+    host.set(Fault::Blackhole);
+    standby.promote().await;
+    let promoted = Instant::now();
+    let mut refused = 0;
+    loop {
+        let r = c.post("/charges", &format!("after-{refused}"), "{}").await;
+        if r.status == 201 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        refused += 1;
+        assert!(
+            promoted.elapsed() < SERVED_AGAIN,
+            "still 503 {SERVED_AGAIN:?} after the promotion ({refused} refused): {}",
+            r.text()
+        );
+    }
+    report_silent(promoted.elapsed(), refused);
+    assert_eq!(up.count(), 9, "every key once");
+}
+
+#[allow(clippy::print_stderr)]
+fn report_silent(after: Duration, refused: usize) {
+    eprintln!(
+        "postgres primary gone silent: served again {} ms after the promotion, \
+         {refused} requests refused 503 meanwhile",
+        after.as_millis()
+    );
+}
