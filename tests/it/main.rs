@@ -35,6 +35,7 @@ mod limits;
 mod monitoring;
 mod one_view;
 mod operations;
+mod postgres_failover;
 mod postgres_store;
 mod postgres_support;
 mod postgres_tls;

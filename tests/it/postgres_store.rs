@@ -166,6 +166,32 @@ async fn a_standby_is_store_unavailable() {
     assert_eq!(ready.status, 503, "{}", ready.text());
 }
 
+/// The synchronous standby gone, every commit waits for it and every call times out
+/// (`503 store-unavailable`). The statement each timed-out call leaves is cancelled as
+/// its connection is closed: the server keeps no more processes than the pool has
+/// connections, instead of one more per timeout until it refuses every client.
+#[tokio::test]
+async fn calls_timed_out_on_a_stalled_commit_leave_no_server_process_behind() {
+    let primary = PgServer::start().await;
+    let standby = primary.standby(true).await;
+    let up = Upstream::start().await;
+    let proxy: PgProxy = Proxy::postgres(&pg_yaml(&primary.url(), "  pool_size: 4\n"), &up).await;
+    let c = proxy.client();
+    assert_eq!(c.post("/charges", "before", "{}").await.status, 201);
+    standby.kill9();
+    for i in 0..12 {
+        let r = c.post("/charges", &format!("stalled-{i}"), "{}").await;
+        assert_eq!(r.status, 503, "{}", r.text());
+    }
+    primary
+        .wait_for(
+            "SELECT count(*) <= 4 FROM pg_stat_activity WHERE application_name = 'idemgate'",
+            "t",
+        )
+        .await;
+    assert_eq!(up.count(), 1, "nothing forwarded without its claim");
+}
+
 /// Two replicas on one table, `on_concurrent: wait`: the waiter on the other replica is
 /// woken by the completion's notification and replays.
 #[tokio::test]

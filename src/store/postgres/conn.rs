@@ -1,15 +1,18 @@
 //! Reaching PostgreSQL (docs/behaviour.md §22): the URL as tokio-postgres reads it, TLS
 //! by rustls as `sslmode` asks, and the pool that hands out connections and forgets
-//! the ones that broke or found a read-only server.
+//! the ones that broke, found a read-only server, or were given up on midway.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::StoreConfig;
@@ -158,6 +161,134 @@ pub(super) fn pool(config: &StoreConfig) -> Result<(Pool, tokio_postgres::Config
         .build()
         .map_err(unavailable)?;
     Ok((pool, pg))
+}
+
+/// What closing a connection that was given up on midway needs: the TLS connector for
+/// the cancel request, and how long that request may take.
+#[derive(Clone)]
+pub(super) struct Canceller {
+    pub(super) tls: MakeRustlsConnect,
+    pub(super) timeout: Duration,
+}
+
+impl std::fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Canceller")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A pooled connection lent to one piece of work, given back to the pool only once that
+/// work got its answer ([`Lent::give_back`]) and closed otherwise, so that the next call
+/// connects afresh to whichever host is the primary then (docs/behaviour.md §22
+/// "Failover"). One that failed ([`Lent::close`]) may be broken or found a standby.
+/// One dropped midway (a call `store.timeout` gave up on) may be open to a primary whose
+/// host went silent, where every call would wait out the timeout again and the pool,
+/// full, would never connect to the new primary; its statement is cancelled as it is
+/// closed, since the server may still be running it: a commit waiting for a synchronous
+/// standby that is gone waits until the standby is back, and without the cancel every
+/// timeout would leave one more server process, and connection slot, behind.
+pub(super) struct Lent<'a> {
+    client: Option<Object>,
+    canceller: &'a Canceller,
+}
+
+impl<'a> Lent<'a> {
+    pub(super) fn new(client: Object, canceller: &'a Canceller) -> Self {
+        Self {
+            client: Some(client),
+            canceller,
+        }
+    }
+
+    /// Runs a prepared statement, then gives the connection back, or closes it if the
+    /// statement failed.
+    pub(super) async fn query(
+        self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let answer = match self.prepare_cached(sql).await {
+            Ok(statement) => self.deref().query(&statement, params).await,
+            Err(err) => Err(err),
+        };
+        self.settle(answer)
+    }
+
+    /// [`Lent::query`] for a statement whose row count is its answer.
+    pub(super) async fn execute(
+        self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let answer = match self.prepare_cached(sql).await {
+            Ok(statement) => self.deref().execute(&statement, params).await,
+            Err(err) => Err(err),
+        };
+        self.settle(answer)
+    }
+
+    fn settle<T>(self, answer: Result<T, tokio_postgres::Error>) -> Result<T, StoreError> {
+        match answer {
+            Ok(v) => {
+                self.give_back();
+                Ok(v)
+            }
+            Err(err) => {
+                self.close();
+                Err(failed(err))
+            }
+        }
+    }
+
+    /// Back to the pool: the work got its answer.
+    pub(super) fn give_back(mut self) {
+        drop(self.client.take());
+    }
+
+    /// Out of the pool (which may make another in its place), and closed.
+    pub(super) fn close(mut self) {
+        if let Some(client) = self.client.take() {
+            drop(Object::take(client));
+        }
+    }
+}
+
+impl std::ops::Deref for Lent<'_> {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.client
+            .as_ref()
+            .expect("a lent connection is held until given back or closed")
+    }
+}
+
+impl std::ops::DerefMut for Lent<'_> {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.client
+            .as_mut()
+            .expect("a lent connection is held until given back or closed")
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let cancel = client.cancel_token();
+        drop(Object::take(client));
+        // Dropped outside a runtime (process teardown): the server ends the statement
+        // when it finds the connection gone.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let Canceller { tls, timeout } = self.canceller.clone();
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, cancel.cancel_query(tls)).await;
+            });
+        }
+    }
 }
 
 /// `verify-ca`: the chain must lead to a trusted root; the host name is not compared.

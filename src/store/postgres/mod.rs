@@ -4,8 +4,8 @@
 //! A replay is one statement round trip (the claim returns the row that is there) and a
 //! first execution two (claim, complete), each a prepared statement outside any
 //! explicit transaction (`sql.rs`). The pool (`conn.rs`) drops a connection on any
-//! error, so the next call connects afresh to whichever host of the URL is the primary
-//! then. The table is checked, or made, before the first statement (`schema.rs`);
+//! error, and one whose call was given up on at `store.timeout`, so the next call
+//! connects afresh to whichever host of the URL is the primary then. The table is checked, or made, before the first statement (`schema.rs`);
 //! expired rows are absent to every statement and deleted in the background (`sweep`).
 
 mod conn;
@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_postgres::{Object, Pool};
+use conn::{Canceller, Lent};
+use deadpool_postgres::Pool;
 use tokio::sync::OnceCell;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -54,6 +55,7 @@ pub struct PostgresStore {
     create_table: bool,
     sweep_interval: Duration,
     timeout: Duration,
+    canceller: Canceller,
     metrics: metrics::PoolMetrics,
 }
 
@@ -102,6 +104,10 @@ impl PostgresStore {
             create_table: config.create_table,
             sweep_interval: config.sweep_interval,
             timeout: config.timeout,
+            canceller: Canceller {
+                tls: conn::tls(config, mode)?,
+                timeout: config.timeout,
+            },
         })
     }
 
@@ -143,15 +149,26 @@ impl PostgresStore {
     async fn check_table(&self) -> Result<(), Checked> {
         self.ready
             .get_or_try_init(|| async {
-                let mut client = self
-                    .pool
-                    .get()
-                    .await
-                    .map_err(|e| Checked::Store(conn::no_connection(e)))?;
-                schema::ensure(&mut client, &self.sql.table, self.create_table)
-                    .await
-                    .map_err(Checked::Schema)?;
-                match schema::replication_warning(&client).await {
+                let mut client = Lent::new(
+                    self.pool
+                        .get()
+                        .await
+                        .map_err(|e| Checked::Store(conn::no_connection(e)))?,
+                    &self.canceller,
+                );
+                if let Err(err) =
+                    schema::ensure(&mut client, &self.sql.table, self.create_table).await
+                {
+                    client.close();
+                    return Err(Checked::Schema(err));
+                }
+                let warning = schema::replication_warning(&client).await;
+                if warning.is_ok() {
+                    client.give_back();
+                } else {
+                    client.close();
+                }
+                match warning {
                     Ok(Some(warning)) => tracing::warn!(table = self.table(), "{warning}"),
                     Ok(None) => tracing::info!(
                         table = self.table(),
@@ -168,7 +185,7 @@ impl PostgresStore {
     }
 
     /// A connection of the pool, the table checked.
-    async fn client(&self) -> Result<Object, StoreError> {
+    async fn client(&self) -> Result<Lent<'_>, StoreError> {
         if self.ready.get().is_none() {
             self.check_table().await.map_err(|err| match err {
                 Checked::Store(err) => err,
@@ -178,34 +195,24 @@ impl PostgresStore {
                 }
             })?;
         }
-        self.pool.get().await.map_err(conn::no_connection)
+        self.pool
+            .get()
+            .await
+            .map(|client| Lent::new(client, &self.canceller))
+            .map_err(conn::no_connection)
     }
 
-    /// Runs a prepared statement. A connection goes back to the pool only when its
-    /// statement answered: one that failed, or whose statement was given up (the
-    /// caller's deadline, `store.timeout`), is closed, so that a hung or demoted server
-    /// is never handed out again and the next call connects afresh, to the primary of
-    /// the moment.
+    /// Runs a prepared statement on a connection of the pool (`conn::Lent`).
     async fn query(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
-        let client = Settled::new(self.client().await?);
-        let answer = match client.prepare_cached(sql).await {
-            Ok(statement) => client.query(&statement, params).await,
-            Err(err) => Err(err),
-        };
-        answer.map_err(conn::failed).inspect(|_| client.settle())
+        self.client().await?.query(sql, params).await
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-        let client = Settled::new(self.client().await?);
-        let answer = match client.prepare_cached(sql).await {
-            Ok(statement) => client.execute(&statement, params).await,
-            Err(err) => Err(err),
-        };
-        answer.map_err(conn::failed).inspect(|_| client.settle())
+        self.client().await?.execute(sql, params).await
     }
 
     /// The notifying form of a statement when someone may wait.
@@ -225,38 +232,6 @@ impl PostgresStore {
             }
         }
         Ok(removed)
-    }
-}
-
-/// A pooled connection that is closed, not given back, unless its statement answered
-/// ([`Settled::settle`]): dropped on an error, or with the future that ran it.
-struct Settled(Option<Object>);
-
-impl Settled {
-    fn new(client: Object) -> Self {
-        Self(Some(client))
-    }
-
-    /// The statement answered: the connection goes back to the pool.
-    fn settle(mut self) {
-        drop(self.0.take());
-    }
-}
-
-impl std::ops::Deref for Settled {
-    type Target = Object;
-    fn deref(&self) -> &Object {
-        self.0
-            .as_ref()
-            .expect("a connection until settled or dropped")
-    }
-}
-
-impl Drop for Settled {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            drop(Object::take(client));
-        }
     }
 }
 

@@ -3,10 +3,10 @@
 //! stall, slow down or reset the connections idemgate depends on.
 //!
 //! The fault in force when a connection is accepted decides `Reset`, `Hang` (never
-//! connect to the target) and `CutAfter` for that connection. `Delay` and `Hang` are also
-//! looked up again for every chunk, so they reach connections that are already open (a
-//! pooled upstream connection, Redis's one multiplexed connection); switching back to
-//! `Pass` releases delayed chunks at once.
+//! connect to the target) and `CutAfter` for that connection. `Delay`, `Hang` and
+//! `Blackhole` are also looked up again for every chunk, so they reach connections that
+//! are already open (a pooled upstream connection, Redis's one multiplexed connection);
+//! switching back to `Pass` releases delayed chunks at once.
 //!
 //! Everything is bounded: connections, chunk size, chunks queued per direction, and the
 //! time to connect to the target. Dropping the relay aborts every task it started.
@@ -44,6 +44,10 @@ pub enum Fault {
     Hang,
     /// Reset the client connection as soon as it is accepted.
     Reset,
+    /// The target's host is gone without a word (a partition, a machine lost): the open
+    /// connections pass nothing more either way and are never closed, as `Hang`; new
+    /// ones are refused, as `Reset`.
+    Blackhole,
     /// Forward, but after this many bytes from the target towards the client, reset both
     /// sides.
     CutAfter(usize),
@@ -221,7 +225,7 @@ async fn relay_connection(
     mut resets: watch::Receiver<u64>,
 ) {
     match fault {
-        Fault::Reset => return rst(client),
+        Fault::Reset | Fault::Blackhole => return rst(client),
         Fault::Hang => {
             let mut sink = [0u8; CHUNK];
             loop {
@@ -374,7 +378,7 @@ async fn hold(fault: &mut watch::Receiver<Fault>, arrived: Instant, towards_clie
     loop {
         let current = *fault.borrow_and_update();
         match current {
-            Fault::Hang => return false,
+            Fault::Hang | Fault::Blackhole => return false,
             Fault::Delay(delay) if towards_client => {
                 tokio::select! {
                     () = tokio::time::sleep_until(arrived + delay) => return true,

@@ -329,6 +329,20 @@ impl TestClient {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> Resp {
+        self.try_send_bytes(method, path, headers, body)
+            .await
+            .expect("response")
+    }
+
+    /// [`TestClient::send_bytes`] that returns a failed connection instead of panicking,
+    /// for clients that retry through an outage.
+    pub async fn try_send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<Resp, Box<dyn std::error::Error + Send + Sync>> {
         let mut req = Request::builder()
             .method(Method::from_bytes(method.as_bytes()).expect("method"))
             .uri(format!("http://{}{}", self.addr, path));
@@ -336,14 +350,14 @@ impl TestClient {
             req = req.header(*name, *value);
         }
         let req = req.body(Full::new(Bytes::from(body))).expect("request");
-        let resp = self.client.request(req).await.expect("response");
+        let resp = self.client.request(req).await?;
         let (parts, body) = resp.into_parts();
-        let body = body.collect().await.expect("body").to_bytes();
-        Resp {
+        let body = body.collect().await?.to_bytes();
+        Ok(Resp {
             status: parts.status,
             headers: parts.headers,
             body,
-        }
+        })
     }
 
     /// The same POST on a task of its own, for requests held at the upstream's gate.

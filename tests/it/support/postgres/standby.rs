@@ -23,6 +23,41 @@ impl PgServer {
         let (primary, options) = (self.endpoint(), self.options.clone());
         blocking(move || replicate(&primary, options, sync)).await
     }
+
+    /// Points this standby's WAL receiver at `port` of 127.0.0.1 (a relay in front of
+    /// `primary`, which a test slows down or cuts) and returns once it streams through
+    /// it, as synchronous as it was. `primary_conninfo` is reloaded without a restart.
+    pub async fn stream_through(&self, primary: &PgServer, port: u16) {
+        let name = self
+            .application_name()
+            .expect("stream_through: a standby made by standby()")
+            .to_owned();
+        let (at, primary) = (self.endpoint(), primary.endpoint());
+        blocking(move || {
+            let was = primary.psql(&format!(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = '{name}'"
+            ));
+            at.psql(&format!(
+                "ALTER SYSTEM SET primary_conninfo = \
+                 'host=127.0.0.1 port={port} user=postgres application_name={name}'"
+            ));
+            at.psql("SELECT pg_reload_conf()");
+            at.wait_for(
+                &format!(
+                    "SELECT status FROM pg_stat_wal_receiver WHERE conninfo LIKE '% port={port} %'"
+                ),
+                "streaming",
+            );
+            primary.wait_for(
+                &format!(
+                    "SELECT state, sync_state FROM pg_stat_replication \
+                     WHERE application_name = '{name}'"
+                ),
+                &format!("streaming|{was}"),
+            );
+        })
+        .await;
+    }
 }
 
 fn replicate(primary: &Endpoint, options: PgOptions, sync: bool) -> PgServer {
