@@ -418,3 +418,39 @@ async fn a_role_without_create_is_told_why_and_the_documented_grants_suffice() {
             .replayed()
     );
 }
+
+/// docs/behaviour.md §22 "Failover": a first host that accepts connections and never
+/// answers them (a paused machine) does not keep idemgate from the second, and once a
+/// host answered, new connections go to it first.
+#[tokio::test]
+async fn a_silent_first_host_does_not_hide_the_second() {
+    use support::fault::{Fault, Relay};
+    let server = PgServer::start().await;
+    let silent = Relay::start(([127, 0, 0, 1], server.port).into()).await;
+    silent.set(Fault::Hang);
+    let up = Upstream::start().await;
+    let url = format!(
+        "postgres://postgres@{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        silent.addr, server.port
+    );
+    let proxy: PgProxy = Proxy::postgres(&pg_yaml(&url, ""), &up).await;
+    let first = eventually(Duration::from_secs(10), async || {
+        let r = proxy.client().post("/charges", "two-hosts", "{}").await;
+        (r.status == 201).then_some(r)
+    })
+    .await;
+    assert!(!first.replayed());
+    let tried = silent.connections();
+    for i in 0..5 {
+        let r = proxy
+            .client()
+            .post("/charges", &format!("more-{i}"), "{}")
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    assert_eq!(
+        silent.connections(),
+        tried,
+        "new connections went to the host that answered"
+    );
+}

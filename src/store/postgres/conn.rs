@@ -69,19 +69,20 @@ pub(super) fn no_connection(err: deadpool_postgres::PoolError) -> StoreError {
     }
 }
 
-/// The URL's settings, with the connect timeout, keepalives and user timeout a proxy
-/// needs: a primary that vanished without a word is found out within seconds, not at
-/// the kernel's two hours (idle) or fifteen minutes (unacknowledged data).
-pub(super) fn pg_config(
-    config: &StoreConfig,
-) -> Result<(tokio_postgres::Config, SslMode), StoreError> {
+/// The URL as tokio-postgres reads it (`sslmode` mapped), and the mode asked for.
+fn url(config: &StoreConfig) -> Result<(String, SslMode), StoreError> {
     let url = config
         .urls
         .first()
         .ok_or(StoreError::Protocol("kind: postgres without a url"))?;
-    let (url, mode) = split_sslmode(url).map_err(|msg| unavailable(std::io::Error::other(msg)))?;
-    let mut pg: tokio_postgres::Config = url.parse().map_err(unavailable)?;
-    pg.connect_timeout(config.timeout.max(Duration::from_millis(100)))
+    split_sslmode(url).map_err(|msg| unavailable(std::io::Error::other(msg)))
+}
+
+/// The connect timeout, keepalives and user timeout a proxy needs: a primary that
+/// vanished without a word is found out within seconds, not at the kernel's two hours
+/// (idle) or fifteen minutes (unacknowledged data).
+fn settings(pg: &mut tokio_postgres::Config, connect: Duration) {
+    pg.connect_timeout(connect.max(Duration::from_millis(50)))
         .keepalives(true)
         .keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(2))
@@ -90,6 +91,15 @@ pub(super) fn pg_config(
     if pg.get_application_name().is_none() {
         pg.application_name("idemgate");
     }
+}
+
+/// The URL's settings with [`settings`], every host in it, and the `sslmode` asked for.
+pub(super) fn pg_config(
+    config: &StoreConfig,
+) -> Result<(tokio_postgres::Config, SslMode), StoreError> {
+    let (url, mode) = url(config)?;
+    let mut pg: tokio_postgres::Config = url.parse().map_err(failed)?;
+    settings(&mut pg, config.timeout);
     Ok((pg, mode))
 }
 
@@ -145,9 +155,19 @@ pub(super) fn tls(config: &StoreConfig, mode: SslMode) -> Result<MakeRustlsConne
 /// answer is `store-unavailable`, not a hang.
 pub(super) fn pool(config: &StoreConfig) -> Result<(Pool, tokio_postgres::Config), StoreError> {
     let (pg, mode) = pg_config(config)?;
-    let manager = Manager::from_config(
-        pg.clone(),
+    let (url, _) = url(config)?;
+    let create = config.timeout.max(Duration::from_millis(100));
+    let per_host = create / u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(1);
+    let hosts = super::hosts::HostByHost::new(
+        &url,
+        |one| settings(one, per_host),
         tls(config, mode)?,
+        create,
+    )
+    .map_err(failed)?;
+    let manager = Manager::from_connect(
+        pg.clone(),
+        hosts,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -155,7 +175,7 @@ pub(super) fn pool(config: &StoreConfig) -> Result<(Pool, tokio_postgres::Config
     let pool = Pool::builder(manager)
         .max_size(config.pool_size)
         .wait_timeout(Some(config.timeout))
-        .create_timeout(Some(config.timeout.max(Duration::from_millis(100))))
+        .create_timeout(Some(create))
         .recycle_timeout(Some(config.timeout))
         .runtime(Runtime::Tokio1)
         .build()

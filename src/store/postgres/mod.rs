@@ -9,6 +9,7 @@
 //! expired rows are absent to every statement and deleted in the background (`sweep`).
 
 mod conn;
+mod hosts;
 mod metrics;
 mod schema;
 mod sql;
