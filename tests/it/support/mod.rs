@@ -5,6 +5,7 @@
 
 pub mod bin;
 pub mod chaos;
+pub mod commands;
 pub mod docker;
 pub mod fake_redis;
 pub mod fault;

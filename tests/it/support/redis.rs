@@ -12,10 +12,11 @@ use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use super::commands::{blocking, run_bounded};
 
 /// How long a server may take to answer PING, and a cluster to report `cluster_state:ok`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -367,16 +368,6 @@ impl RedisCluster {
     }
 }
 
-/// Runs blocking setup off the async runtime and re-raises its panic with the original
-/// message.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(value) => value,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => panic!("redis setup task: {e}"),
-    }
-}
-
 /// A port (and a cluster bus port) nobody listens on right now. Both listeners are held
 /// together so the two differ.
 fn free_ports(cluster: bool) -> (u16, Option<u16>) {
@@ -501,33 +492,4 @@ fn redis_cli(port: u16, password: Option<&str>, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout.trim().to_owned()
-}
-
-/// Runs a command to completion, SIGKILLing it after `timeout`.
-fn run_bounded(mut cmd: Command, timeout: Duration, shown: &str) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {shown}: {e}"));
-    let pid = child.id().to_string();
-    let (done, finished) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let expired = matches!(
-            finished.recv_timeout(timeout),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        if expired {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-        expired
-    });
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("wait {shown}: {e}"));
-    let _ = done.send(());
-    let expired = watchdog.join().unwrap_or(false);
-    assert!(!expired, "{shown}: no answer within {timeout:?}, killed");
-    out
 }

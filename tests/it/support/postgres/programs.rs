@@ -3,9 +3,11 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::{OnceLock, mpsc};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+pub(super) use crate::support::commands::{blocking, run_bounded};
 
 use super::postmaster::log_path;
 use super::{POLL_INTERVAL, PSQL_TIMEOUT, READY_TIMEOUT};
@@ -154,43 +156,4 @@ pub(super) fn bin(name: &str) -> PathBuf {
     });
     dir.as_ref()
         .map_or_else(|| PathBuf::from(name), |dir| dir.join(name))
-}
-
-/// Runs blocking setup off the async runtime and re-raises its panic with the original
-/// message.
-pub(super) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(value) => value,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => panic!("postgres setup task: {e}"),
-    }
-}
-
-/// Runs a command to completion, SIGKILLing it after `timeout`.
-pub(super) fn run_bounded(mut cmd: Command, timeout: Duration, shown: &str) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {shown} ({cmd:?}): {e}"));
-    let pid = child.id().to_string();
-    let (done, finished) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let expired = matches!(
-            finished.recv_timeout(timeout),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        if expired {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-        expired
-    });
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("wait {shown}: {e}"));
-    let _ = done.send(());
-    let expired = watchdog.join().unwrap_or(false);
-    assert!(!expired, "{shown}: no answer within {timeout:?}, killed");
-    out
 }
