@@ -13,6 +13,7 @@ use idemgate::config::Config;
 use idemgate::store::{RedisStore, Store};
 use support::bin::{Finished, idemgate, run};
 use support::postgres::PgServer;
+use support::redis::ha::{MASTER_NAME, Sentinels};
 use support::redis::{RedisCluster, RedisServer};
 use support::{Proxy, TestClient, Upstream};
 
@@ -160,6 +161,29 @@ async fn on_redis() {
     let config = config(&up, &format!("  kind: redis\n  url: {}\n", redis.url()));
     let store = Arc::new(RedisStore::new(&config.store).expect("store"));
     find_the_keys(Proxy::with_store(config, store).await, &up).await;
+    assert!(redis.command_calls("scan") > 0);
+    assert_eq!(redis.command_calls("keys"), 0, "SCAN, never KEYS");
+}
+
+#[tokio::test]
+async fn on_redis_behind_sentinels() {
+    let master = RedisServer::start().await;
+    let sentinels = Sentinels::start(&master, 0).await;
+    let up = Upstream::start().await;
+    let store = format!(
+        "  kind: redis\n  sentinel:\n    master_name: {MASTER_NAME}\n    urls: [{}]\n",
+        sentinels.urls("").join(", ")
+    );
+    let config = config(&up, &store);
+    let store = Arc::new(RedisStore::new(&config.store).expect("store"));
+    // The sentinels may not name the master at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while store.ping().await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "no master found");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    find_the_keys(Proxy::with_store(config, store).await, &up).await;
+    assert_eq!(master.command_calls("keys"), 0, "SCAN, never KEYS");
 }
 
 #[tokio::test]
