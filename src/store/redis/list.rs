@@ -1,10 +1,14 @@
 //! The admin API's listing by state (docs/behaviour.md §24): `SCAN` in pages, never
-//! `KEYS`, on a cluster every master in turn. Each key found is read with the inspect
-//! script (its value and expiry together) and kept when its record is in the state asked.
+//! `KEYS`, on a cluster every master in turn. The keys of a batch are read together with
+//! the inspect script (each one's value and expiry in one step) and kept when the record
+//! is in the state asked.
+
+use std::sync::Arc;
 
 use redis::Value;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
+use super::admin::inspect_on;
 use super::{Conn, RedisStore, unavailable};
 use crate::idempotency::ScopedKey;
 use crate::store::{Cursor, Inspection, Page, StateFilter, StoreError};
@@ -54,10 +58,12 @@ impl RedisStore {
         let pattern = format!("{}*", glob_escape(&self.prefix));
         let count = limit.clamp(10, 1000);
         let mut items: Vec<(ScopedKey, Inspection)> = Vec::new();
+        let script = Arc::new(self.scripts.inspect.clone());
         for _ in 0..MAX_BATCHES {
             let master = masters[at];
             let (next_scan, names) = scan_once(conn, master, scan, &pattern, count).await?;
-            let mut found = Vec::new();
+            // Read together: the multiplexed connection pipelines them.
+            let mut reads = tokio::task::JoinSet::new();
             for name in names {
                 let Some(key) = name
                     .strip_prefix(self.prefix.as_str())
@@ -69,7 +75,14 @@ impl RedisStore {
                 if after.is_some_and(|after| key <= after) {
                     continue;
                 }
-                match self.inspect_key(&key).await {
+                let (mut conn, script) = (conn.clone(), Arc::clone(&script));
+                reads.spawn(async move { (key, inspect_on(&mut conn, &script, name).await) });
+            }
+            let mut found = Vec::new();
+            while let Some(read) = reads.join_next().await {
+                let (key, read) =
+                    read.map_err(|_| StoreError::Protocol("a listing read panicked"))?;
+                match read {
                     Ok(Some(seen)) if state.matches(&seen.record) => found.push((key, seen)),
                     // Gone meanwhile, another state, or a value this version cannot
                     // decode: not listed.
