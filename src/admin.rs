@@ -1,9 +1,10 @@
 //! The admin listener, never on the proxy port: `/healthz` (the process serves),
 //! `/readyz` (the store answers within `store.timeout`), `/metrics` (Prometheus), and
-//! the key API `/keys/{id}` (`keys.rs`, and `resolve.rs` for `/keys/{id}/resolve`), the
-//! only part behind `admin.token`.
+//! the key API `/keys/{id}` (`keys.rs`, `resolve.rs` for `/keys/{id}/resolve`, `list.rs`
+//! for `/keys?state=...`), the only part behind `admin.token`.
 
 mod keys;
+mod list;
 mod resolve;
 
 use std::future::Future;
@@ -113,7 +114,7 @@ async fn answer<S: Store>(
         return keys::answer(state, req, &id, caller).await;
     }
     if path == "/keys" {
-        return keys::answer(state, req, "", caller).await;
+        return list::answer(state, req, caller).await;
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");

@@ -12,8 +12,10 @@ use crate::proxy::{AppState, Shutdown, serve_workers};
 use crate::store::{FileOptions, FileStore, MemoryStore, PostgresStore, RedisStore, Store};
 use tokio_util::sync::CancellationToken;
 
+mod list;
 mod resolve;
 
+pub use list::ListArgs;
 pub use resolve::ResolveArgs;
 
 /// An idempotency proxy: makes retried POST/PUT/PATCH/DELETE requests execute at most once.
@@ -40,6 +42,22 @@ pub struct Args {
 pub enum Command {
     /// Print the record id a request with KEY would use, for the admin API.
     Key(KeyArgs),
+    /// List records on a running proxy's admin listener (`keys list --state ...`).
+    Keys(KeysArgs),
+}
+
+/// `idemgate keys list ...` (docs/behaviour.md §24).
+#[derive(Debug, clap::Args)]
+pub struct KeysArgs {
+    #[command(subcommand)]
+    pub action: KeysCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum KeysCommand {
+    /// Print every record in a state (GET /keys?state=... on the admin listener), one
+    /// per line, following next_cursor to the last page.
+    List(ListArgs),
 }
 
 /// `idemgate key --config PATH [--method M] [--path P] [-H 'Name: value']... KEY`, or
@@ -134,6 +152,12 @@ pub fn main() -> ExitCode {
     })) = &args.command
     {
         return resolve::run(resolve);
+    }
+    if let Some(Command::Keys(KeysArgs {
+        action: KeysCommand::List(list),
+    })) = &args.command
+    {
+        return list::run(list);
     }
     let config = match load(&args) {
         Ok(config) => config,

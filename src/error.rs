@@ -136,6 +136,10 @@ pub(crate) enum AdminError {
         "only a record whose outcome is unknown can be resolved; this is {0} (it may have been resolved meanwhile)"
     )]
     NotUnknown(&'static str),
+    /// `GET /keys?state=...` with a state, limit or cursor it does not take
+    /// (docs/behaviour.md §24).
+    #[error("not a listing: {0}")]
+    InvalidListing(String),
 }
 
 impl AdminError {
@@ -189,6 +193,12 @@ impl AdminError {
                 StatusCode::CONFLICT,
                 "not-unknown",
                 "Outcome not unknown",
+                None,
+            ),
+            E::InvalidListing(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-listing",
+                "Invalid listing",
                 None,
             ),
         };

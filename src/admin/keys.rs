@@ -1,6 +1,6 @@
 //! The admin key API (docs/behaviour.md §13): `GET /keys/{id}` reports what is stored
 //! under a record id, `DELETE /keys/{id}` purges it so that the next retry executes
-//! again.
+//! again; `GET /keys?state=...` lists records by state (`list.rs`, §24).
 //!
 //! An answer never holds the stored body, the stored headers, the raw key or a
 //! credential: only the record's state, status, sizes, fingerprint and times. The id
@@ -154,7 +154,7 @@ async fn read_limited(body: Incoming, limit: u64) -> Result<Bytes, AdminError> {
 
 /// With a token, only its bearer; without one, only on a loopback listener
 /// (docs/behaviour.md §13).
-fn authorize(
+pub(super) fn authorize(
     token: Option<&AdminToken>,
     local: SocketAddr,
     headers: &http::HeaderMap,
@@ -200,7 +200,7 @@ fn parse_id(id: &str, prefix: &str) -> Option<ScopedKey> {
     ScopedKey::from_hex(hex)
 }
 
-fn unescape(text: &str) -> Option<String> {
+pub(super) fn unescape(text: &str) -> Option<String> {
     if !text.contains('%') {
         return Some(text.to_owned());
     }
@@ -233,7 +233,7 @@ fn state_name(record: &Record) -> &'static str {
 
 /// The inspection JSON (docs/behaviour.md §13). Times a format 1 record did not keep
 /// are `null`.
-fn describe(id: &str, found: &Inspection) -> serde_json::Value {
+pub(super) fn describe(id: &str, found: &Inspection) -> serde_json::Value {
     let time = |ms: u64| {
         humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
     };
@@ -289,7 +289,7 @@ fn no_content() -> Response<Full<Bytes>> {
     response
 }
 
-fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
+pub(super) fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(value.to_string())));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -299,7 +299,7 @@ fn json(value: &serde_json::Value) -> Response<Full<Bytes>> {
 }
 
 /// In the shape `errors` gives every answer idemgate makes itself (docs/behaviour.md §16).
-fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
+pub(super) fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
     let problem = err.problem();
     let mut response = Response::new(Full::new(problem.body(errors)));
     *response.status_mut() = problem.status;
@@ -325,7 +325,8 @@ fn problem(err: &AdminError, errors: &ErrorsConfig) -> Response<Full<Bytes>> {
         | AdminError::InFlight
         | AdminError::StoreUnavailable(_)
         | AdminError::InvalidResolution(_)
-        | AdminError::NotUnknown(_) => {}
+        | AdminError::NotUnknown(_)
+        | AdminError::InvalidListing(_) => {}
     }
     response
 }

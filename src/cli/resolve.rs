@@ -50,10 +50,10 @@ pub struct ResolveArgs {
 
 /// The environment variable the admin token is read from: never a flag, which `ps`
 /// would show to every user of the machine.
-const TOKEN_ENV: &str = "IDEMGATE_ADMIN_TOKEN";
+pub(super) const TOKEN_ENV: &str = "IDEMGATE_ADMIN_TOKEN";
 
 /// How long the admin listener gets to answer.
-const TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most of an answer that is read: a resolution's answer is one record's JSON.
 const MAX_ANSWER: usize = 1 << 20;
@@ -223,7 +223,7 @@ async fn resolve(args: &ResolveArgs) -> Result<Bytes, ResolveError> {
 
 /// What to tell the operator about a refusal: the problem's `detail`, else its title,
 /// else the status and the body as it came.
-fn refusal(status: StatusCode, answer: &[u8]) -> String {
+pub(super) fn refusal(status: StatusCode, answer: &[u8]) -> String {
     let problem: Option<Value> = serde_json::from_slice(answer).ok();
     let said = |field: &str| {
         problem

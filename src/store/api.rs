@@ -95,6 +95,45 @@ pub struct Inspection {
     pub now_ms: u64,
 }
 
+/// Which records a listing returns (docs/behaviour.md §24): the three are disjoint, an
+/// `outcome-unknown` record is not among the completed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFilter {
+    InFlight,
+    OutcomeUnknown,
+    Completed,
+}
+
+impl StateFilter {
+    pub fn matches(self, record: &Record) -> bool {
+        match (self, record) {
+            (Self::InFlight, Record::InFlight(_)) => true,
+            (Self::OutcomeUnknown, Record::Completed(c)) => c.unknown,
+            (Self::Completed, Record::Completed(c)) => !c.unknown,
+            _ => false,
+        }
+    }
+}
+
+/// Where a listing goes on (docs/behaviour.md §24); the default starts it. A store uses
+/// the parts it needs: the embedded stores and PostgreSQL list in id order and resume
+/// `after` a key; Redis resumes a `SCAN` at `scan` on its `node`'th master, past the
+/// keys up to `after` of that `SCAN` batch (a page may end inside one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub node: u32,
+    pub scan: u64,
+    pub after: Option<ScopedKey>,
+}
+
+/// One page of a listing: at most the limit asked, and where the next one starts
+/// (`None` on the last page).
+#[derive(Debug, Default)]
+pub struct Page {
+    pub items: Vec<(ScopedKey, Inspection)>,
+    pub next: Option<Cursor>,
+}
+
 /// What a purge did (docs/behaviour.md §13).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Purged {
@@ -214,6 +253,17 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: ScopedKey,
     ) -> impl Future<Output = Result<Option<Inspection>, StoreError>> + Send;
+
+    /// Records in `state`, unexpired, at most `limit` of them, from `cursor` on
+    /// (docs/behaviour.md §24). Reads only, in bounded steps: never a lock or a command
+    /// that holds the hot path for the whole store. A record changed while a listing
+    /// goes on may be missed or seen twice; one unchanged is listed once.
+    fn list(
+        &self,
+        state: StateFilter,
+        cursor: Cursor,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// Atomically removes what is under `key`, waking its waiters, unless it is an
     /// in-flight marker whose lease is live and `force` is false. The owner of a marker

@@ -11,7 +11,8 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 
 use super::api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError,
+    Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
+    Store, StoreError,
 };
 use super::clock::{Clock, TokioClock};
 use super::quota::Quotas;
@@ -240,6 +241,35 @@ impl<C: Clock, B: Backing> Store for Embedded<C, B> {
         let now = self.core.clock.now_ms();
         self.settled(&key, |index, fx| index.inspect(&key, now, fx))
             .await
+    }
+
+    async fn list(
+        &self,
+        state: StateFilter,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let now = self.core.clock.now_ms();
+        // One more than asked says whether another page follows. Each shard is locked
+        // for its own pass only (docs/behaviour.md §24).
+        let want = limit.saturating_add(1);
+        let mut items = Vec::new();
+        for shard in self.core.shards.iter() {
+            let page = lock(shard)
+                .index
+                .page(state, cursor.after.as_ref(), want, now);
+            items.extend(page);
+        }
+        items.sort_unstable_by_key(|(key, _)| *key);
+        items.truncate(want);
+        let next = (items.len() > limit).then(|| {
+            items.truncate(limit);
+            Cursor {
+                after: items.last().map(|(key, _)| *key),
+                ..Cursor::default()
+            }
+        });
+        Ok(Page { items, next })
     }
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {

@@ -16,8 +16,8 @@ mod timed;
 mod waiters;
 
 pub use api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError, Watch,
-    wall_clock_ms,
+    Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
+    Store, StoreError, Watch, wall_clock_ms,
 };
 pub use clock::{Clock, TokioClock};
 pub use file::{Disk, FileOptions, FileStore, FileWatch};

@@ -12,12 +12,13 @@
 //! state or its removal (what the file store journals, answering with a ticket that the
 //! caller waits on before it answers), and the keys whose waiters to wake.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StoreError, millis,
+    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, StateFilter, StoreError,
+    millis,
 };
 use crate::idempotency::record::IN_FLIGHT_LEN;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
@@ -333,6 +334,46 @@ impl Index {
             expires_at_ms: slot.expires_ms,
             now_ms: now,
         })
+    }
+
+    /// The unexpired records in `state` whose keys come after `after`: the `limit`
+    /// smallest such keys, in key order (docs/behaviour.md §24). One pass over the
+    /// shard with a heap of `limit` keys, so a listing holds the lock for a bounded
+    /// time and copies one page.
+    pub(crate) fn page(
+        &self,
+        state: StateFilter,
+        after: Option<&ScopedKey>,
+        limit: usize,
+        now: u64,
+    ) -> Vec<(ScopedKey, Inspection)> {
+        let mut heap = BinaryHeap::with_capacity(limit.saturating_add(1).min(4096));
+        for (key, slot) in &self.map {
+            if slot.expires_ms <= now
+                || after.is_some_and(|after| key <= after)
+                || !state.matches(&slot.record)
+            {
+                continue;
+            }
+            if heap.len() < limit {
+                heap.push(*key);
+            } else if heap.peek().is_some_and(|largest| key < largest) {
+                heap.pop();
+                heap.push(*key);
+            }
+        }
+        heap.into_sorted_vec()
+            .into_iter()
+            .filter_map(|key| {
+                let slot = self.map.get(&key)?;
+                let found = Inspection {
+                    record: slot.record.clone(),
+                    expires_at_ms: slot.expires_ms,
+                    now_ms: now,
+                };
+                Some((key, found))
+            })
+            .collect()
     }
 
     /// Removes what is under `key` unless it is a marker with a live lease and not

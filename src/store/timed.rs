@@ -13,7 +13,8 @@ use std::time::Duration;
 use opentelemetry::trace::SpanKind;
 
 use super::api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError,
+    Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
+    Store, StoreError,
 };
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
@@ -153,6 +154,17 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
             .await
     }
 
+    async fn list(
+        &self,
+        state: StateFilter,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        self.around
+            .around(StoreOp::Inspect, self.inner.list(state, cursor, limit))
+            .await
+    }
+
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
         self.around
             .around(StoreOp::Purge, self.inner.purge(key, force))
@@ -227,6 +239,9 @@ mod tests {
             std::future::pending().await
         }
         async fn inspect(&self, _: ScopedKey) -> Result<Option<Inspection>, StoreError> {
+            std::future::pending().await
+        }
+        async fn list(&self, _: StateFilter, _: Cursor, _: usize) -> Result<Page, StoreError> {
             std::future::pending().await
         }
         async fn purge(&self, _: ScopedKey, _: bool) -> Result<Purged, StoreError> {

@@ -28,6 +28,7 @@ mod key_command;
 mod key_format;
 mod key_resolve;
 mod key_sources;
+mod keys_list;
 mod kubernetes;
 mod layout;
 mod lease;

@@ -26,8 +26,8 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError, millis,
-    wall_clock_ms,
+    Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
+    Store, StoreError, millis, wall_clock_ms,
 };
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
@@ -440,6 +440,69 @@ impl Store for PostgresStore {
             expires_at_ms: u64::try_from(at).unwrap_or(now),
             now_ms: now,
         }))
+    }
+
+    async fn list(
+        &self,
+        state: StateFilter,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        // Rows are read in id order, in batches, and kept when in `state`; a page over
+        // a table with few matches ends short, with a cursor, within a bounded number
+        // of batches (docs/behaviour.md §24).
+        const MAX_BATCHES: usize = 16;
+        let batch = limit.clamp(100, 1000);
+        let now = now_ms();
+        let mut after = cursor.after;
+        let mut items = Vec::new();
+        for _ in 0..MAX_BATCHES {
+            let from = after.map(|key| key.id("")).unwrap_or_default();
+            let rows = self
+                .query(
+                    &self.sql.list,
+                    &[&from, &ms(now), &i64::try_from(batch).unwrap_or(i64::MAX)],
+                )
+                .await?;
+            let full = rows.len() == batch;
+            for (i, row) in rows.iter().enumerate() {
+                let id: String = column(row, 0)?;
+                let key = ScopedKey::from_hex(&id)
+                    .ok_or(StoreError::Protocol("a postgres row id is not a record id"))?;
+                after = Some(key);
+                // A value this version cannot decode is not in any state: skipped.
+                let Ok(record) = decode(column(row, 1)?) else {
+                    continue;
+                };
+                if state.matches(&record) {
+                    let at: i64 = column(row, 2)?;
+                    let found = Inspection {
+                        record,
+                        expires_at_ms: u64::try_from(at).unwrap_or(now),
+                        now_ms: now,
+                    };
+                    items.push((key, found));
+                }
+                if items.len() == limit {
+                    let more = full || i + 1 < rows.len();
+                    let next = more.then_some(Cursor {
+                        after,
+                        ..Cursor::default()
+                    });
+                    return Ok(Page { items, next });
+                }
+            }
+            if !full {
+                return Ok(Page { items, next: None });
+            }
+        }
+        Ok(Page {
+            items,
+            next: Some(Cursor {
+                after,
+                ..Cursor::default()
+            }),
+        })
     }
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {

@@ -39,6 +39,9 @@ pub(super) struct Sql {
     pub(super) take_over: [String; 2],
     /// `$1` id, `$2` now: value and expires_at.
     pub(super) inspect: String,
+    /// `$1` the last id listed (`''` first), `$2` now, `$3` how many: the unexpired rows
+    /// after it in id order, for a listing by state (docs/behaviour.md §24).
+    pub(super) list: String,
     /// `$1` id, `$2` now, `$3` force: the removed value; nothing when absent or when a
     /// live marker was kept.
     pub(super) purge: [String; 2],
@@ -112,6 +115,10 @@ impl Sql {
                 "1",
             ),
             inspect: format!("SELECT value, expires_at FROM {t} WHERE id = $1 AND expires_at > $2"),
+            list: format!(
+                "SELECT id, value, expires_at FROM {t} WHERE id > $1 AND expires_at > $2 \
+                 ORDER BY id LIMIT $3"
+            ),
             purge: both(
                 format!(
                     "DELETE FROM {t} WHERE id = $1 AND expires_at > $2 \

@@ -2,9 +2,9 @@
 //! so that what is reported or changed is one state of the key.
 
 use bytes::Bytes;
-use redis::Value;
+use redis::{Script, Value};
 
-use super::{RedisStore, now_ms, unavailable};
+use super::{Conn, RedisStore, now_ms, unavailable};
 use crate::idempotency::{Completed, Record, ScopedKey};
 use crate::store::{Inspection, Purged, Replaced, StoreError};
 
@@ -14,32 +14,7 @@ impl RedisStore {
         key: &ScopedKey,
     ) -> Result<Option<Inspection>, StoreError> {
         let mut conn = self.conn().await?;
-        let now = now_ms();
-        let reply: Value = self
-            .scripts
-            .inspect
-            .key(self.record_key(key))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        match reply {
-            Value::Array(items) if items.is_empty() => Ok(None),
-            Value::Array(items) => match items.as_slice() {
-                [Value::BulkString(value), Value::Int(at)] => Ok(Some(Inspection {
-                    record: decode(value)?,
-                    // Every record is written with a ttl; one without (-1) is reported
-                    // as expiring now rather than never.
-                    expires_at_ms: u64::try_from(*at).unwrap_or(now),
-                    now_ms: now,
-                })),
-                _ => Err(StoreError::Protocol(
-                    "unexpected reply to the inspect script",
-                )),
-            },
-            _ => Err(StoreError::Protocol(
-                "unexpected reply to the inspect script",
-            )),
-        }
+        inspect_on(&mut conn, &self.scripts.inspect, self.record_key(key)).await
     }
 
     pub(super) async fn purge_key(
@@ -103,6 +78,39 @@ impl RedisStore {
                 "unexpected reply to the replace script",
             )),
         }
+    }
+}
+
+/// What the Redis key `name` holds and when it expires, read by the inspect script on
+/// `conn`: the admin API's read, and the listing's (`list.rs`).
+pub(super) async fn inspect_on(
+    conn: &mut Conn,
+    inspect: &Script,
+    name: String,
+) -> Result<Option<Inspection>, StoreError> {
+    let now = now_ms();
+    let reply: Value = inspect
+        .key(name)
+        .invoke_async(conn)
+        .await
+        .map_err(unavailable)?;
+    match reply {
+        Value::Array(items) if items.is_empty() => Ok(None),
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(value), Value::Int(at)] => Ok(Some(Inspection {
+                record: decode(value)?,
+                // Every record is written with a ttl; one without (-1) is reported
+                // as expiring now rather than never.
+                expires_at_ms: u64::try_from(*at).unwrap_or(now),
+                now_ms: now,
+            })),
+            _ => Err(StoreError::Protocol(
+                "unexpected reply to the inspect script",
+            )),
+        },
+        _ => Err(StoreError::Protocol(
+            "unexpected reply to the inspect script",
+        )),
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod admin;
 mod claim;
+mod list;
 mod replicas;
 mod sentinel;
 mod version;
@@ -28,7 +29,8 @@ use redis::{Cmd, Pipeline, ProtocolVersion, RedisFuture, Script, Value};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 
 use super::api::{
-    Claim, ClaimRequest, Fenced, Inspection, Lease, Purged, Replaced, Store, StoreError,
+    Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
+    Store, StoreError,
 };
 use crate::config::StoreConfig;
 use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
@@ -573,6 +575,15 @@ impl Store for RedisStore {
 
     async fn inspect(&self, key: ScopedKey) -> Result<Option<Inspection>, StoreError> {
         self.inspect_key(&key).await
+    }
+
+    async fn list(
+        &self,
+        state: StateFilter,
+        cursor: Cursor,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        self.list_keys(state, cursor, limit).await
     }
 
     async fn purge(&self, key: ScopedKey, force: bool) -> Result<Purged, StoreError> {
