@@ -7,13 +7,13 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use http::{Request, Uri, header};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use super::resolve::{ResolveError, TIMEOUT, TOKEN_ENV, refusal};
+use super::resolve::{ResolveError, bearer, call};
 
 /// `idemgate keys list --state STATE [--limit N] [--admin URL]`
 #[derive(Debug, clap::Args)]
@@ -60,13 +60,7 @@ async fn list(args: &ListArgs) -> Result<(), ResolveError> {
     if base.scheme_str() != Some("http") || base.authority().is_none() {
         return Err(bad());
     }
-    let token = match std::env::var(TOKEN_ENV) {
-        Ok(token) => Some(
-            http::HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| ResolveError::Token)?,
-        ),
-        Err(_) => None,
-    };
+    let token = bearer()?;
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let mut cursor: Option<String> = None;
@@ -112,33 +106,7 @@ async fn fetch(
     let request = request
         .body(Empty::new())
         .map_err(|_| ResolveError::AdminUrl(uri.to_owned()))?;
-    let exchange = async {
-        let response = client
-            .request(request)
-            .await
-            .map_err(|source| ResolveError::Request {
-                uri: uri.to_owned(),
-                source,
-            })?;
-        let status = response.status();
-        let answer = Limited::new(response.into_body(), MAX_PAGE)
-            .collect()
-            .await
-            .map_err(|source| ResolveError::Answer {
-                uri: uri.to_owned(),
-                source,
-            })?
-            .to_bytes();
-        Ok((status, answer))
-    };
-    let (status, answer) = tokio::time::timeout(TIMEOUT, exchange)
-        .await
-        .map_err(|_| ResolveError::Timeout {
-            uri: uri.to_owned(),
-        })??;
-    if !status.is_success() {
-        return Err(ResolveError::Refused(refusal(status, &answer)));
-    }
+    let answer = call(client, request, uri, MAX_PAGE).await?;
     serde_json::from_slice(&answer).map_err(|err| ResolveError::Answer {
         uri: uri.to_owned(),
         source: Box::new(err),

@@ -182,31 +182,55 @@ async fn resolve(args: &ResolveArgs) -> Result<Bytes, ResolveError> {
     let mut request = Request::post(uri.clone())
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json, application/problem+json");
-    if let Ok(token) = std::env::var(TOKEN_ENV) {
-        let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ResolveError::Token)?;
-        request = request.header(header::AUTHORIZATION, value);
+    if let Some(token) = bearer()? {
+        request = request.header(header::AUTHORIZATION, token);
     }
     let request = request
         .body(Full::new(Bytes::from(body)))
         .map_err(|_| ResolveError::AdminUrl(args.admin.clone()))?;
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let uri = uri.to_string();
+    call(&client, request, &uri.to_string(), MAX_ANSWER).await
+}
+
+/// `Authorization: Bearer ...` from [`TOKEN_ENV`], when it is set.
+pub(super) fn bearer() -> Result<Option<http::HeaderValue>, ResolveError> {
+    match std::env::var(TOKEN_ENV) {
+        Ok(token) => http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map(Some)
+            .map_err(|_| ResolveError::Token),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Sends `request` to the admin listener (`uri`, for messages) and reads at most `max`
+/// bytes of its answer, all within [`TIMEOUT`]; an answer other than `2xx` is the
+/// refusal it explains.
+pub(super) async fn call<B>(
+    client: &Client<HttpConnector, B>,
+    request: Request<B>,
+    uri: &str,
+    max: usize,
+) -> Result<Bytes, ResolveError>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let exchange = async {
         let response = client
             .request(request)
             .await
             .map_err(|source| ResolveError::Request {
-                uri: uri.clone(),
+                uri: uri.to_owned(),
                 source,
             })?;
         let status = response.status();
-        let answer = Limited::new(response.into_body(), MAX_ANSWER)
+        let answer = Limited::new(response.into_body(), max)
             .collect()
             .await
             .map_err(|source| ResolveError::Answer {
-                uri: uri.clone(),
+                uri: uri.to_owned(),
                 source,
             })?
             .to_bytes();
@@ -214,7 +238,9 @@ async fn resolve(args: &ResolveArgs) -> Result<Bytes, ResolveError> {
     };
     let (status, answer) = tokio::time::timeout(TIMEOUT, exchange)
         .await
-        .map_err(|_| ResolveError::Timeout { uri: uri.clone() })??;
+        .map_err(|_| ResolveError::Timeout {
+            uri: uri.to_owned(),
+        })??;
     if status.is_success() {
         return Ok(answer);
     }

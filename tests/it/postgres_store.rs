@@ -214,11 +214,34 @@ async fn a_waiter_on_another_replica_replays_the_completion() {
             "t",
         )
         .await;
+    // The completion notifies the table's channel with the row's id: a session of the
+    // test's own hears it.
+    let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let (heard, mut hear) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(note) = message {
+                let _ = heard.send(note.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN idemgate_idemgate_records")
+        .await
+        .expect("LISTEN");
     up.open_gate();
     let first = first.await.expect("join");
     let second = second.await.expect("join");
     assert_eq!(first.status, 201);
     assert!(second.replayed(), "{}", second.text());
+    let id = a.record_id("/gate/charges", "waited");
+    let note = tokio::time::timeout(Duration::from_secs(10), hear.recv())
+        .await
+        .expect("a notification")
+        .expect("the session is open");
+    assert!(id.ends_with(&note), "{note} is not {id}'s row");
     assert_eq!(second.body, first.body);
     assert_eq!(up.count(), 1);
 }
