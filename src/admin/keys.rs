@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 use crate::config::{AdminToken, ErrorsConfig, Policy};
 use crate::error::AdminError;
 use crate::idempotency::key::hex;
+use crate::idempotency::rules::KeptRules;
 use crate::idempotency::{Kept, Record, ScopedKey, StoredBody};
 use crate::proxy::AppState;
 use crate::store::{Inspection, Purged, Store};
@@ -232,7 +233,7 @@ fn state_name(record: &Record) -> &'static str {
 }
 
 /// The inspection JSON (docs/behaviour.md §13). Times a format 1 record did not keep
-/// are `null`.
+/// are `null`, and so are the fingerprint rules one before format 4 did not (§24).
 pub(super) fn describe(id: &str, found: &Inspection) -> serde_json::Value {
     let time = |ms: u64| {
         humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
@@ -246,6 +247,7 @@ pub(super) fn describe(id: &str, found: &Inspection) -> serde_json::Value {
             "replayable": false,
             "body_bytes": null,
             "fingerprint": hex(m.fingerprint.as_bytes()),
+            "fingerprint_rules": m.fingerprint.rules().map(KeptRules::to_json),
             "created_at": m.claimed_at_ms.map(time),
             "completed_at": null,
             "expires_at": expires_at,
@@ -274,6 +276,7 @@ pub(super) fn describe(id: &str, found: &Inspection) -> serde_json::Value {
                 "body_bytes": body_bytes,
                 "encryption_key_id": key_id,
                 "fingerprint": hex(c.fingerprint.as_bytes()),
+                "fingerprint_rules": c.fingerprint.rules().map(KeptRules::to_json),
                 "created_at": c.times.map(|t| time(t.claimed_ms)),
                 "completed_at": c.times.map(|t| time(t.completed_ms)),
                 "expires_at": expires_at,

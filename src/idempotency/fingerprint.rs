@@ -9,10 +9,35 @@ use sha2::{Digest, Sha256};
 use super::body::Body;
 use super::key::{hash_field, hash_header, hex};
 use super::pointer::JsonPointer;
+use super::rules::{KeptRules, Rules};
 
-/// sha256 over method, path (and query), the `fingerprint_headers` and the body.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint([u8; 32]);
+/// sha256 over method, path (and query), the `fingerprint_headers` and the body, and
+/// the rules that chose what it covers (docs/behaviour.md §24).
+///
+/// Two fingerprints are equal when their digests are: the rules say how a digest was
+/// made, so that a retry can be fingerprinted again under its record's rules before the
+/// two are compared (`proxy/claim.rs`), not what it is.
+#[derive(Clone, Copy)]
+pub struct Fingerprint {
+    digest: [u8; 32],
+    /// `None` in a record written before records kept their rules: compared under the
+    /// rules in force.
+    rules: Option<Rules>,
+}
+
+impl PartialEq for Fingerprint {
+    fn eq(&self, other: &Self) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl Eq for Fingerprint {}
+
+impl std::hash::Hash for Fingerprint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
+    }
+}
 
 /// How a body enters the fingerprint (`fingerprint_body`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +50,7 @@ pub enum BodyForm {
 }
 
 /// What of a request its fingerprint covers: a policy's `fingerprint_*` keys.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FingerprintRules<'a> {
     /// Request headers hashed besides method, path and body.
     pub headers: &'a [HeaderName],
@@ -83,7 +108,7 @@ impl Fingerprint {
             },
             BodyForm::Raw => hash_field(&mut hash, bytes),
         }
-        Self(hash.finalize().into())
+        Self::made(hash.finalize().into(), rules)
     }
 
     /// What a streamed request's fingerprint covers before its body is read
@@ -107,15 +132,40 @@ impl Fingerprint {
             }
             None => hash.update([0]),
         }
-        Self(hash.finalize().into())
+        Self::made(hash.finalize().into(), rules)
     }
 
+    /// A digest made under `rules`, which it keeps (interned).
+    fn made(digest: [u8; 32], rules: &FingerprintRules<'_>) -> Self {
+        Self {
+            digest,
+            rules: KeptRules::intern(rules),
+        }
+    }
+
+    /// A digest whose rules are not known: read from a record that predates them.
     pub const fn from_bytes(bytes: [u8; 32]) -> Self {
-        Self(bytes)
+        Self {
+            digest: bytes,
+            rules: None,
+        }
+    }
+
+    /// The same digest, made under `rules`.
+    pub const fn with_rules(self, rules: Option<Rules>) -> Self {
+        Self {
+            digest: self.digest,
+            rules,
+        }
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.digest
+    }
+
+    /// The rules this fingerprint was made under; `None` when a record predates them.
+    pub fn rules(&self) -> Option<Rules> {
+        self.rules
     }
 }
 
@@ -149,6 +199,8 @@ fn hash_target(
 pub struct StreamedHash {
     hash: Sha256,
     len: u64,
+    /// The up-front fingerprint's rules, which the full one is made under too.
+    rules: Option<Rules>,
 }
 
 impl StreamedHash {
@@ -156,7 +208,11 @@ impl StreamedHash {
         let mut hash = Sha256::new();
         hash.update(b"idemgate-fingerprint-streamed-body-v1");
         hash.update(upfront.as_bytes());
-        Self { hash, len: 0 }
+        Self {
+            hash,
+            len: 0,
+            rules: upfront.rules,
+        }
     }
 
     pub fn update(&mut self, bytes: &[u8]) {
@@ -175,7 +231,10 @@ impl StreamedHash {
 
     pub fn finish(mut self) -> Fingerprint {
         self.hash.update(self.len.to_be_bytes());
-        Fingerprint(self.hash.finalize().into())
+        Fingerprint {
+            digest: self.hash.finalize().into(),
+            rules: self.rules,
+        }
     }
 }
 
@@ -187,7 +246,7 @@ impl std::fmt::Debug for StreamedHash {
 
 impl std::fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Fingerprint({})", &hex(&self.0)[..12])
+        write!(f, "Fingerprint({})", &hex(&self.digest)[..12])
     }
 }
 
@@ -318,7 +377,7 @@ mod tests {
         old.update(b"application/json");
         old.update((body.len() as u64).to_be_bytes());
         old.update(body);
-        let old = Fingerprint(old.finalize().into());
+        let old = Fingerprint::from_bytes(old.finalize().into());
         assert_eq!(
             old,
             fp("POST", "/charges?x=1", Some("application/json"), body)

@@ -11,6 +11,7 @@ pub mod key;
 pub mod path;
 pub mod pointer;
 pub mod record;
+pub mod rules;
 pub mod source;
 
 pub use decide::{

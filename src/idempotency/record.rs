@@ -20,6 +20,9 @@ pub const FORMAT_V1: u8 = 1;
 pub const FORMAT_V2: u8 = 2;
 /// Format 2 plus a flags byte ending an in-flight marker: a streamed request's marker.
 pub const FORMAT_V3: u8 = 3;
+/// Format 2 (an in-flight marker: format 3) plus the fingerprint rules the record was
+/// made under (docs/behaviour.md §24).
+pub const FORMAT_V4: u8 = 4;
 pub const KIND_IN_FLIGHT: u8 = 1;
 pub const KIND_COMPLETED: u8 = 2;
 /// A completed record whose response is encrypted (docs/behaviour.md §17), its seal

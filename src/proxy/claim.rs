@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use opentelemetry::KeyValue;
 use tokio::time::Instant;
 
@@ -13,6 +14,8 @@ use super::reply::abandoned_record;
 use super::state::AppState;
 use crate::config::Policy;
 use crate::error::ProxyError;
+use crate::idempotency::fingerprint::FingerprintRules;
+use crate::idempotency::rules::Rules;
 use crate::idempotency::{
     AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, Record, ScopeId, ScopedKey,
     Streamed, decide,
@@ -42,13 +45,51 @@ pub(crate) enum Claimed {
 /// fresh claim sees its new state. A few rounds settle any but a pathological race.
 const TAKE_OVER_RACES: u32 = 3;
 
+/// What it takes to fingerprint a request again, under the rules of the record its key
+/// found (docs/behaviour.md §24): its head, and its body, or a streamed body's declared
+/// length.
+pub(crate) struct Again<'a> {
+    pub(crate) parts: &'a http::request::Parts,
+    pub(crate) body: AgainBody<'a>,
+}
+
+pub(crate) enum AgainBody<'a> {
+    Buffered(&'a Bytes),
+    /// Streamed: the up-front fingerprint, with the body's `Content-Length` if any.
+    Streamed(Option<u64>),
+}
+
+impl Again<'_> {
+    fn under(&self, rules: &FingerprintRules<'_>) -> Fingerprint {
+        let parts = self.parts;
+        let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        match self.body {
+            AgainBody::Buffered(bytes) => {
+                Fingerprint::new(&parts.method, pq, &parts.headers, rules, bytes)
+            }
+            AgainBody::Streamed(declared) => {
+                Fingerprint::upfront(&parts.method, pq, &parts.headers, rules, declared)
+            }
+        }
+    }
+
+    fn streamed(&self) -> bool {
+        matches!(self.body, AgainBody::Streamed(_))
+    }
+}
+
+/// Claims `key` for a request fingerprinted as `fingerprint`. When the record found was
+/// made under other fingerprint rules, the request is fingerprinted again under them
+/// (`again`) and compared with that; `fingerprint` is then that one, and whatever this
+/// request writes keeps those rules (docs/behaviour.md §24).
 pub(crate) async fn claim<S: Store>(
     state: &Arc<AppState<S>>,
     policy: &Policy,
     (key, scope): (ScopedKey, Option<ScopeId>),
-    (fingerprint, streamed): (Fingerprint, bool),
+    (fingerprint, again): (&mut Fingerprint, &Again<'_>),
     ttl: Duration,
 ) -> Result<Claimed, ProxyError> {
+    let streamed = again.streamed();
     let mut waiter = Waiter::default();
     let mut races = 0;
     // Whether the store has shown this key held (a marker to wait on or to take over).
@@ -56,10 +97,10 @@ pub(crate) async fn claim<S: Store>(
     // `pass_through` would knowingly execute the key a second time.
     let mut seen = false;
     loop {
-        let claim = ClaimRequest {
+        let mut claim = ClaimRequest {
             key,
             scope,
-            fingerprint,
+            fingerprint: *fingerprint,
             token: OwnerToken::random(),
             lease: policy.lease,
             ttl,
@@ -91,9 +132,13 @@ pub(crate) async fn claim<S: Store>(
         if let Record::Completed(completed) = &record {
             opened(state, key, Arc::clone(completed))?;
         }
+        if let Some(rules) = other_rules(&record, fingerprint) {
+            *fingerprint = again.under(&rules.as_rules());
+            claim.fingerprint = *fingerprint;
+        }
         let decision = decide(
             &record,
-            &fingerprint,
+            fingerprint,
             streamed,
             now_ms,
             policy.on_concurrent,
@@ -130,6 +175,20 @@ pub(crate) async fn claim<S: Store>(
             }
         }
     }
+}
+
+/// The rules `record` was made under, when they are not those that made `fingerprint`:
+/// `None` for a record that predates kept rules, compared under the rules in force.
+fn other_rules(record: &Record, fingerprint: &Fingerprint) -> Option<Rules> {
+    let kept = match record {
+        Record::InFlight(marker) => marker.fingerprint.rules(),
+        Record::Completed(completed) => completed.fingerprint.rules(),
+    }?;
+    // Interned: the same rules are the same allocation.
+    let same = fingerprint
+        .rules()
+        .is_some_and(|ours| std::ptr::eq(ours, kept));
+    (!same).then_some(kept)
 }
 
 /// The response of a record to replay: opened when it is sealed

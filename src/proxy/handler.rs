@@ -18,7 +18,7 @@ use opentelemetry::context::FutureExt as _;
 
 use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_capped};
 use super::budget::Held;
-use super::claim::{self, Claimed};
+use super::claim::{self, Again, AgainBody, Claimed};
 use super::exchange::{self, Guarded, Payload};
 use super::reply::{Counted, Reply, finish, replay_response};
 use super::state::{AppState, Live, PolicyId};
@@ -228,7 +228,7 @@ async fn claimed<S: Store>(
     live: &Live,
     id: PolicyId,
     (policy, principal): (&Policy, Option<&Principal>),
-    req: Guarded,
+    mut req: Guarded,
     scoped_key: &mut Option<ScopedKey>,
 ) -> Result<Next, ProxyError> {
     *scoped_key = Some(req.scoped);
@@ -236,8 +236,28 @@ async fn claimed<S: Store>(
     // eviction (§25); Redis and PostgreSQL have no use for it.
     let scope = matches!(state.config.store.kind, StoreKind::Memory | StoreKind::File)
         .then(|| policy.scope_id(&req.parts.headers, principal));
-    let fingerprint = (req.fingerprint, req.body.streamed());
-    let claimed = claim::claim(state, policy, (req.scoped, scope), fingerprint, req.ttl).await?;
+    let mut fingerprint = req.fingerprint;
+    let again = Again {
+        parts: &req.parts,
+        body: match &req.body {
+            Payload::Buffered(bytes) => AgainBody::Buffered(bytes),
+            Payload::Streamed(upload) => AgainBody::Streamed(upload.declared()),
+        },
+    };
+    let claimed = claim::claim(
+        state,
+        policy,
+        (req.scoped, scope),
+        (&mut fingerprint, &again),
+        req.ttl,
+    )
+    .await?;
+    // Fingerprinted again under its record's rules: this request goes on with those
+    // (docs/behaviour.md §24).
+    if let Payload::Streamed(upload) = &mut req.body {
+        upload.rehash(&fingerprint);
+    }
+    req.fingerprint = fingerprint;
     let next = match claimed {
         Claimed::Owned(lease) => Next::Exchange { id, lease, req },
         Claimed::Abandoned(lease) => Next::Answer(

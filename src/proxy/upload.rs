@@ -142,6 +142,19 @@ impl Upload {
         }
     }
 
+    /// The body's `Content-Length`, if it has one: part of its up-front fingerprint.
+    pub(crate) fn declared(&self) -> Option<u64> {
+        self.declared
+    }
+
+    /// Hashes the body under `upfront` instead: the fingerprint its record's rules made
+    /// (docs/behaviour.md §24). Called after the claim, before a byte has gone by.
+    pub(crate) fn rehash(&mut self, upfront: &Fingerprint) {
+        if self.hash.as_ref().is_some_and(StreamedHash::is_empty) {
+            self.hash = Some(StreamedHash::new(upfront));
+        }
+    }
+
     pub(crate) fn ending(&self) -> Ending {
         self.ending.clone()
     }

@@ -421,6 +421,38 @@ mod tests {
         }
     }
 
+    /// The fingerprint rules a record keeps in clear (docs/behaviour.md §24) are bound
+    /// like its other clear fields: rules changed at rest, or dropped, do not open.
+    /// (`==` on records compares fingerprints by digest, so the table above cannot
+    /// tell this alteration apart.)
+    #[test]
+    fn a_record_whose_fingerprint_rules_were_altered_does_not_open() {
+        use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+        use crate::idempotency::rules::KeptRules;
+        let ring = Keyring::new(&[key("k1", 7)]).expect("a key");
+        let rules = |query: bool| {
+            KeptRules::intern(&FingerprintRules {
+                headers: &[],
+                query,
+                body: BodyForm::Raw,
+                ignore: &[],
+            })
+        };
+        let mut original = record();
+        original.fingerprint = original.fingerprint.with_rules(rules(true));
+        let sealed = ring.seal(&address(3), original);
+        assert!(Keyring::open(Some(&ring), &address(3), stored(&sealed)).is_ok());
+        for other in [rules(false), None] {
+            let mut altered = sealed.clone();
+            altered.fingerprint = altered.fingerprint.with_rules(other);
+            assert_eq!(
+                Keyring::open(Some(&ring), &address(3), stored(&altered)).err(),
+                Some(Undecryptable::Rejected("k1".into())),
+                "{other:?}"
+            );
+        }
+    }
+
     /// A record sealed by a version before every clear field was bound: its address
     /// alone, laid out as that version stored it (kind 3). Sealed here with `ring`
     /// directly, as an oracle of the old rule.

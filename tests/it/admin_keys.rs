@@ -67,6 +67,7 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
         "replayable",
         "body_bytes",
         "fingerprint",
+        "fingerprint_rules",
         "created_at",
         "completed_at",
         "expires_at",
@@ -80,6 +81,10 @@ async fn inspect_purge_and_fence<S: Store>(proxy: Proxy<S>, up: &Upstream) {
     assert_eq!(json["id"], id);
     assert_eq!(json["state"], "completed");
     assert_eq!(json["status"], 201);
+    assert_eq!(
+        json["fingerprint_rules"],
+        serde_json::json!({"body": "raw", "query": true, "headers": ["content-type"], "ignore": []})
+    );
     assert_eq!(json["replayable"], true);
     assert_eq!(json["body_bytes"], first.body.len());
     assert!(json["encryption_key_id"].is_null(), "kept in clear");

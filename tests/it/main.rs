@@ -21,6 +21,7 @@ mod faults;
 mod file_crash;
 mod file_store;
 mod fingerprint;
+mod fingerprint_rules;
 mod guarding;
 mod handler;
 mod https_upstream;

@@ -392,3 +392,118 @@ proptest! {
         prop_assert_eq!(Record::decode(rec.encode()), Ok(Record::Completed(Arc::new(rec))));
     }
 }
+
+/// Rules other than the defaults, interned as a fingerprint holds them.
+fn json_rules() -> crate::idempotency::rules::Rules {
+    use crate::idempotency::fingerprint::{BodyForm, FingerprintRules};
+    use crate::idempotency::pointer::JsonPointer;
+    let headers = [HeaderName::from_static("x-tenant")];
+    let ignore = [JsonPointer::parse("/nonce").expect("pointer")];
+    crate::idempotency::rules::KeptRules::intern(&FingerprintRules {
+        headers: &headers,
+        query: false,
+        body: BodyForm::Json,
+        ignore: &ignore,
+    })
+    .expect("few sets")
+}
+
+fn rules_of(record: &Record) -> Option<crate::idempotency::rules::Rules> {
+    match record {
+        Record::InFlight(m) => m.fingerprint.rules(),
+        Record::Completed(c) => c.fingerprint.rules(),
+    }
+}
+
+/// Format 4 (docs/behaviour.md §24): markers, streamed or not, keep their token and
+/// deadline where the Redis scripts read them, and every record reads back the rules its
+/// fingerprint was made under; a streamed record's up-front fingerprint gets them too.
+#[test]
+fn format_4_keeps_the_rules_a_record_was_made_under() {
+    let rules = json_rules();
+    let fingerprint = Fingerprint::from_bytes([1; 32]).with_rules(Some(rules));
+    for streamed in [false, true] {
+        let marker = InFlight {
+            fingerprint,
+            token: OwnerToken::from_bytes([9; 16]),
+            lease_deadline_ms: 1_700_000_000_123,
+            claimed_at_ms: Some(1_700_000_000_000),
+            streamed,
+        };
+        let bytes = marker.encode();
+        assert_eq!(bytes[0], FORMAT_V4);
+        assert!(
+            bytes.len() >= 68,
+            "the Redis scripts' shortest format 4 marker"
+        );
+        assert_eq!(&bytes[TOKEN_RANGE], &[9; 16]);
+        assert_eq!(&bytes[50..58], &1_700_000_000_123u64.to_be_bytes());
+        let back = Record::decode(bytes).expect("reads back");
+        assert!(rules_of(&back).is_some_and(|r| std::ptr::eq(r, rules)));
+        assert_eq!(back, Record::InFlight(marker));
+    }
+    let mut clear = completed(StoredBody::Stored(Bytes::from_static(b"body")));
+    clear.fingerprint = fingerprint;
+    clear.streamed = Some(Streamed {
+        upfront: Fingerprint::from_bytes([2; 32]).with_rules(Some(rules)),
+        whole: true,
+    });
+    let mut sealed = sealed(false, clear.times);
+    sealed.fingerprint = fingerprint;
+    for record in [clear, sealed] {
+        let bytes = record.encode();
+        assert_eq!(bytes[0], FORMAT_V4);
+        let back = Record::decode(bytes).expect("reads back");
+        assert!(rules_of(&back).is_some_and(|r| std::ptr::eq(r, rules)));
+        if let Record::Completed(c) = &back
+            && let Some(streamed) = c.streamed
+        {
+            assert!(
+                streamed
+                    .upfront
+                    .rules()
+                    .is_some_and(|r| std::ptr::eq(r, rules))
+            );
+        }
+        assert_eq!(back, Record::Completed(Arc::new(record)));
+    }
+}
+
+/// Records of the formats before 4 keep no rules: they are compared under those in force.
+#[test]
+fn records_before_format_4_read_back_without_rules() {
+    let old = completed(StoredBody::TooLarge);
+    assert_eq!(old.encode()[0], FORMAT_V2);
+    assert_eq!(
+        rules_of(&Record::decode(old.encode()).expect("reads")),
+        None
+    );
+    let mut bad = old.encode().to_vec();
+    bad[0] = FORMAT_V4;
+    assert!(
+        Record::decode(bad.into()).is_err(),
+        "format 4 without its rules"
+    );
+}
+
+proptest! {
+    #[test]
+    fn decoding_mutated_format_4_records_never_panics(idx in 0usize..120, byte in any::<u8>(), kind in 0u8..3) {
+        let fingerprint = Fingerprint::from_bytes([1; 32]).with_rules(Some(json_rules()));
+        let record = match kind {
+            0 => Record::InFlight(InFlight {
+                fingerprint,
+                token: OwnerToken::from_bytes([9; 16]),
+                lease_deadline_ms: 5,
+                claimed_at_ms: Some(1),
+                streamed: false,
+            }),
+            1 => Record::Completed(Arc::new(Completed { fingerprint, ..completed(StoredBody::TooLarge) })),
+            _ => Record::Completed(Arc::new(Completed { fingerprint, ..sealed(false, None) })),
+        };
+        let mut bytes = record.encode().to_vec();
+        let i = idx % bytes.len();
+        bytes[i] = byte;
+        let _ = Record::decode(bytes.into());
+    }
+}

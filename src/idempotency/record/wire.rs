@@ -4,20 +4,23 @@
 //! side with this one. Layout (all integers big-endian):
 //!
 //! ```text
-//! [0] format: 1, 2 or 3   [1] kind: 1 = in-flight, 2 = completed, 3 or 4 = sealed
+//! [0] format: 1 to 4   [1] kind: 1 = in-flight, 2 = completed, 3 or 4 = sealed
 //! [2..34] fingerprint
 //! in-flight:  [34..50] owner token   [50..58] lease deadline, unix ms
-//!             formats 2 and 3: [58..66] claimed at, unix ms
-//!             format 3 only: [66] flags: bit 0 = streamed (docs/behaviour.md §19)
+//!             formats 2 to 4: [58..66] claimed at, unix ms
+//!             formats 3 and 4: [66] flags: bit 0 = streamed (docs/behaviour.md §19)
+//!             format 4: [67..] the fingerprint rules (`rules.rs`)
 //! completed:  [34..36] status   [36] flags: bit 0 = body too large to keep, bit 1 =
 //!             outcome unknown (a record written before that flag has 0 or 1), bit 2 =
 //!             streamed, bit 3 = the streamed body was hashed whole
-//!             format 2 only: [37..45] claimed at, [45..53] completed at, unix ms
+//!             formats 2 and 4: [37..45] claimed at, [45..53] completed at, unix ms
 //!             streamed only: 32 bytes, the up-front fingerprint
+//!             format 4: the fingerprint rules
 //!             then u16 header count, then per header: u16 name len, name, u32 value
 //!             len, value; then u32 body len, body (raw bytes)
-//! sealed:     [34] flags, as above   format 2: [35..51] the two times
+//! sealed:     [34] flags, as above   formats 2 and 4: [35..51] the two times
 //!             streamed only: 32 bytes, the up-front fingerprint
+//!             format 4: the fingerprint rules
 //!             then u8 key id len, key id (the record's "sealed head" ends here),
 //!             12-byte nonce, u32 len, ciphertext: the status (u16) and the headers
 //!             and body laid out as above, under AEAD
@@ -33,6 +36,11 @@
 //! forwarded) rather than comparing the wrong fingerprint. Everything else is written
 //! exactly as before streaming existed.
 //!
+//! Format 4 keeps the rules the record's fingerprint was made under (docs/behaviour.md
+//! §24), so that a retry is compared under them; every record made by this version is
+//! format 4, and records of formats 1 to 3, which predate it, are compared under the
+//! rules in force. A version that predates format 4 refuses it as unreadable.
+//!
 //! Format 2 adds the times the admin API reports (docs/behaviour.md §13); records of
 //! format 1, written before it, still load, without them. A record is written in format 2
 //! when it has its times, which every record made by this version has.
@@ -47,26 +55,34 @@ use http::StatusCode;
 use http::header::{HeaderName, HeaderValue};
 
 use super::{
-    Binds, Completed, DecodeError, FORMAT_V1, FORMAT_V2, FORMAT_V3, IN_FLIGHT_LEN, InFlight,
-    KIND_COMPLETED, KIND_IN_FLIGHT, KIND_SEALED, KIND_SEALED_ADDRESS_ONLY, Kept, MAX_KEY_ID_LEN,
-    NONCE_LEN, OpenedOnce, OwnerToken, Record, Sealed, StoredBody, StoredResponse, Streamed, Times,
+    Binds, Completed, DecodeError, FORMAT_V1, FORMAT_V2, FORMAT_V3, FORMAT_V4, IN_FLIGHT_LEN,
+    InFlight, KIND_COMPLETED, KIND_IN_FLIGHT, KIND_SEALED, KIND_SEALED_ADDRESS_ONLY, Kept,
+    MAX_KEY_ID_LEN, NONCE_LEN, OpenedOnce, OwnerToken, Record, Sealed, StoredBody, StoredResponse,
+    Streamed, Times,
 };
 use crate::idempotency::Fingerprint;
+use crate::idempotency::rules::{KeptRules, Rules};
+
+/// Room for the rules of a typical policy in an encoding's first allocation.
+const RULES_ROOM: usize = 24;
 
 impl InFlight {
     pub fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN + 8);
+        let mut out = BytesMut::with_capacity(IN_FLIGHT_LEN + 9 + RULES_ROOM);
         self.encode_into(&mut out);
         out.freeze()
     }
 
     /// The encoding of [`InFlight::encode`], appended to `out`.
     pub fn encode_into(&self, out: &mut impl BufMut) {
-        // A streamed marker always has its time: the claim that writes it sets one.
-        let format = match (self.streamed, self.claimed_at_ms) {
-            (true, _) => FORMAT_V3,
-            (false, Some(_)) => FORMAT_V2,
-            (false, None) => FORMAT_V1,
+        // A marker with rules or a streamed one always has its time: the claim that
+        // writes it sets one.
+        let rules = self.fingerprint.rules();
+        let format = match (rules, self.streamed, self.claimed_at_ms) {
+            (Some(_), _, _) => FORMAT_V4,
+            (None, true, _) => FORMAT_V3,
+            (None, false, Some(_)) => FORMAT_V2,
+            (None, false, None) => FORMAT_V1,
         };
         out.put_u8(format);
         out.put_u8(KIND_IN_FLIGHT);
@@ -76,8 +92,13 @@ impl InFlight {
         if format != FORMAT_V1 {
             out.put_u64(self.claimed_at_ms.unwrap_or(0));
         }
-        if self.streamed {
+        if format == FORMAT_V4 {
+            out.put_u8(if self.streamed { IN_FLIGHT_STREAMED } else { 0 });
+        } else if self.streamed {
             out.put_u8(IN_FLIGHT_STREAMED);
+        }
+        if let Some(rules) = rules {
+            rules.encode_into(out);
         }
     }
 }
@@ -95,7 +116,7 @@ impl Completed {
 
     pub fn encode(&self) -> Bytes {
         // Format, kind, fingerprint, body flag and times, then the response's own.
-        let head = 2 + 32 + 1 + 16 + if self.streamed.is_some() { 32 } else { 0 };
+        let head = 2 + 32 + 1 + 16 + RULES_ROOM + if self.streamed.is_some() { 32 } else { 0 };
         let len = match &self.kept {
             Kept::Clear(response) => head + response.encoded_len(),
             Kept::Sealed(sealed) => {
@@ -150,23 +171,32 @@ impl Completed {
         out.put_slice(id);
     }
 
-    /// Format 2 when the record has its times, 1 otherwise.
+    /// Format 4 when the record has its rules, else 2 when it has its times, else 1.
     fn format(&self) -> u8 {
-        if self.times.is_some() {
-            FORMAT_V2
-        } else {
-            FORMAT_V1
+        match (self.fingerprint.rules(), self.times) {
+            (Some(_), _) => FORMAT_V4,
+            (None, Some(_)) => FORMAT_V2,
+            (None, None) => FORMAT_V1,
         }
     }
 
-    /// The times, then a streamed record's up-front fingerprint.
+    /// The times, then a streamed record's up-front fingerprint, then the rules. A
+    /// record with rules has its times: the proxy stamps them before it stores one.
     fn encode_times(&self, out: &mut impl BufMut) {
-        if let Some(times) = self.times {
+        let rules = self.fingerprint.rules();
+        if self.times.is_some() || rules.is_some() {
+            let times = self.times.unwrap_or(Times {
+                claimed_ms: 0,
+                completed_ms: 0,
+            });
             out.put_u64(times.claimed_ms);
             out.put_u64(times.completed_ms);
         }
         if let Some(streamed) = &self.streamed {
             out.put_slice(streamed.upfront.as_bytes());
+        }
+        if let Some(rules) = rules {
+            rules.encode_into(out);
         }
     }
 }
@@ -271,7 +301,7 @@ impl Record {
     pub fn decode(mut buf: Bytes) -> Result<Record, DecodeError> {
         need(&buf, 2)?;
         let format = buf.get_u8();
-        if !(FORMAT_V1..=FORMAT_V3).contains(&format) {
+        if !(FORMAT_V1..=FORMAT_V4).contains(&format) {
             return Err(DecodeError::UnknownFormat(format));
         }
         let timed = format != FORMAT_V1;
@@ -291,15 +321,20 @@ impl Record {
                 buf.copy_to_slice(&mut token);
                 let lease_deadline_ms = buf.get_u64();
                 let claimed_at_ms = timed.then(|| buf.get_u64());
-                let streamed = format == FORMAT_V3;
-                if streamed {
-                    need(&buf, 1)?;
-                    if buf.get_u8() != IN_FLIGHT_STREAMED {
-                        return Err(DecodeError::Invalid("marker flags"));
+                let streamed = match format {
+                    FORMAT_V3 | FORMAT_V4 => {
+                        need(&buf, 1)?;
+                        match buf.get_u8() {
+                            IN_FLIGHT_STREAMED => true,
+                            0 if format == FORMAT_V4 => false,
+                            _ => return Err(DecodeError::Invalid("marker flags")),
+                        }
                     }
-                }
+                    _ => false,
+                };
+                let rules = decode_rules(&mut buf, format)?;
                 Record::InFlight(InFlight {
-                    fingerprint,
+                    fingerprint: fingerprint.with_rules(rules),
                     token: OwnerToken::from_bytes(token),
                     lease_deadline_ms,
                     claimed_at_ms,
@@ -312,13 +347,14 @@ impl Record {
                 let (too_large, unknown, streamed) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
                 let streamed = decode_streamed(&mut buf, streamed)?;
+                let rules = decode_rules(&mut buf, format)?;
                 let response = StoredResponse::decode_parts(&mut buf, status, too_large)?;
                 Record::Completed(Arc::new(Completed {
-                    fingerprint,
+                    fingerprint: fingerprint.with_rules(rules),
+                    streamed: with_rules(streamed, rules),
                     kept: Kept::Clear(response),
                     times,
                     unknown,
-                    streamed,
                 }))
             }
             KIND_SEALED | KIND_SEALED_ADDRESS_ONLY => {
@@ -331,6 +367,7 @@ impl Record {
                 let (too_large, unknown, streamed) = flags(buf.get_u8())?;
                 let times = decode_times(&mut buf, timed)?;
                 let streamed = decode_streamed(&mut buf, streamed)?;
+                let rules = decode_rules(&mut buf, format)?;
                 need(&buf, 1)?;
                 let len = usize::from(buf.get_u8());
                 let id = take(&mut buf, len)?;
@@ -343,7 +380,7 @@ impl Record {
                 let len = buf.get_u32() as usize;
                 let ciphertext = take(&mut buf, len)?;
                 Record::Completed(Arc::new(Completed {
-                    fingerprint,
+                    fingerprint: fingerprint.with_rules(rules),
                     kept: Kept::Sealed(Sealed {
                         key_id,
                         binds,
@@ -354,7 +391,7 @@ impl Record {
                     }),
                     times,
                     unknown,
-                    streamed,
+                    streamed: with_rules(streamed, rules),
                 }))
             }
             other => return Err(DecodeError::UnknownKind(other)),
@@ -399,6 +436,24 @@ fn decode_streamed(buf: &mut Bytes, whole: Option<bool>) -> Result<Option<Stream
         upfront: Fingerprint::from_bytes(upfront),
         whole,
     }))
+}
+
+/// The fingerprint rules of a format 4 record; `None` for an older one.
+fn decode_rules(buf: &mut Bytes, format: u8) -> Result<Option<Rules>, DecodeError> {
+    if format != FORMAT_V4 {
+        return Ok(None);
+    }
+    KeptRules::decode(buf)
+        .map(Some)
+        .map_err(|_| DecodeError::Invalid("fingerprint rules"))
+}
+
+/// A streamed record's up-front fingerprint, made under the record's rules too.
+fn with_rules(streamed: Option<Streamed>, rules: Option<Rules>) -> Option<Streamed> {
+    streamed.map(|streamed| Streamed {
+        upfront: streamed.upfront.with_rules(rules),
+        ..streamed
+    })
 }
 
 fn decode_times(buf: &mut Bytes, timed: bool) -> Result<Option<Times>, DecodeError> {
