@@ -1,7 +1,6 @@
 //! The request fingerprint: what makes a retry "the same request" (docs/behaviour.md §3,
 //! §10).
 
-use http::header::HeaderName;
 use http::{HeaderMap, Method};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -9,6 +8,7 @@ use sha2::{Digest, Sha256};
 use super::body::Body;
 use super::key::{hash_field, hash_header, hex};
 use super::pointer::JsonPointer;
+pub use super::rules::{BodyForm, FingerprintRules};
 use super::rules::{KeptRules, Rules};
 
 /// sha256 over method, path (and query), the `fingerprint_headers` and the body, and
@@ -36,41 +36,6 @@ impl Eq for Fingerprint {}
 impl std::hash::Hash for Fingerprint {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.digest.hash(state);
-    }
-}
-
-/// How a body enters the fingerprint (`fingerprint_body`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyForm {
-    /// The bytes as sent.
-    Raw,
-    /// The RFC 8785 canonical form when the body is I-JSON (RFC 7493: it parses, and
-    /// no object in it names a member twice), else the bytes.
-    Json,
-}
-
-/// What of a request its fingerprint covers: a policy's `fingerprint_*` keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FingerprintRules<'a> {
-    /// Request headers hashed besides method, path and body.
-    pub headers: &'a [HeaderName],
-    /// Whether the query string counts; `false` hashes the path alone.
-    pub query: bool,
-    pub body: BodyForm,
-    /// Parts of a JSON body left out (`BodyForm::Json` only).
-    pub ignore: &'a [JsonPointer],
-}
-
-impl<'a> FingerprintRules<'a> {
-    /// The original fingerprint: query included, body bytes as sent
-    /// (docs/behaviour.md §3).
-    pub const fn raw(headers: &'a [HeaderName]) -> Self {
-        Self {
-            headers,
-            query: true,
-            body: BodyForm::Raw,
-            ignore: &[],
-        }
     }
 }
 
@@ -296,6 +261,7 @@ fn numbers_are_exact(value: &Value) -> bool {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use http::header::HeaderName;
     use proptest::prelude::*;
 
     const CONTENT_TYPE: [HeaderName; 1] = [http::header::CONTENT_TYPE];

@@ -1,7 +1,8 @@
-//! The fingerprint rules a record was made under (docs/behaviour.md §24): a policy's
-//! `fingerprint_body`, `fingerprint_query`, `fingerprint_headers` and
-//! `fingerprint_ignore`, owned, so that a retry is compared under its record's rules
-//! rather than those in force when it arrives.
+//! What a fingerprint covers (docs/behaviour.md §10): a policy's `fingerprint_body`,
+//! `fingerprint_query`, `fingerprint_headers` and `fingerprint_ignore`, borrowed from the
+//! policy ([`FingerprintRules`]), and owned as a record keeps them ([`KeptRules`]), so that
+//! a retry is compared under its record's rules rather than those in force when it
+//! arrives (§24).
 //!
 //! Every [`Fingerprint`](super::Fingerprint) says which rules made it, so the rules
 //! travel with it into the marker and the record without a field of their own to forget.
@@ -27,8 +28,42 @@ use std::sync::{LazyLock, RwLock};
 use bytes::{Buf, BufMut, Bytes};
 use http::header::{self, HeaderName};
 
-use super::fingerprint::{BodyForm, FingerprintRules};
 use super::pointer::JsonPointer;
+
+/// How a body enters the fingerprint (`fingerprint_body`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyForm {
+    /// The bytes as sent.
+    Raw,
+    /// The RFC 8785 canonical form when the body is I-JSON (RFC 7493: it parses, and
+    /// no object in it names a member twice), else the bytes.
+    Json,
+}
+
+/// What of a request its fingerprint covers: a policy's `fingerprint_*` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FingerprintRules<'a> {
+    /// Request headers hashed besides method, path and body.
+    pub headers: &'a [HeaderName],
+    /// Whether the query string counts; `false` hashes the path alone.
+    pub query: bool,
+    pub body: BodyForm,
+    /// Parts of a JSON body left out (`BodyForm::Json` only).
+    pub ignore: &'a [JsonPointer],
+}
+
+impl<'a> FingerprintRules<'a> {
+    /// The original fingerprint: query included, body bytes as sent
+    /// (docs/behaviour.md §3).
+    pub const fn raw(headers: &'a [HeaderName]) -> Self {
+        Self {
+            headers,
+            query: true,
+            body: BodyForm::Raw,
+            ignore: &[],
+        }
+    }
+}
 
 /// What a record keeps of the rules that made its fingerprint.
 #[derive(Debug, PartialEq, Eq)]
