@@ -10,6 +10,7 @@ mod chaos;
 mod cli;
 mod compose;
 mod concurrency;
+mod cors;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod demo;
