@@ -6,6 +6,7 @@
 mod admin;
 mod admin_keys;
 mod answers;
+mod browser;
 mod chaos;
 mod cli;
 mod compose;
