@@ -313,3 +313,28 @@ fn cors_is_checked_on_load() {
     assert!(plain.cors.is_none());
     assert!(!plain.to_yaml().contains("cors"));
 }
+
+#[tokio::test]
+async fn a_reload_sets_and_unsets_cors_for_new_requests() {
+    use crate::support::bin::TempConfig;
+    use idemgate::proxy::reload::reload;
+    let up = LegacyCors::start().await;
+    let base = format!(
+        "upstream:\n  url: {}\nidempotency:\n  required: true\n",
+        up.url()
+    );
+    let file = TempConfig::new(&base);
+    let proxy = Proxy::with_config(Config::from_file(file.path()).expect("valid")).await;
+    let client = proxy.client();
+    let no_level = |_: &str| Ok(());
+    let missing = post(&client, "/orders", None, Some(APP), "{}").await;
+    assert!(!missing.headers.contains_key("access-control-allow-origin"));
+    std::fs::write(file.path(), format!("{base}cors:\n{LISTED}")).expect("rewrite");
+    reload(&proxy.state, file.path(), None, &no_level).expect("cors applies");
+    let missing = post(&client, "/orders", None, Some(APP), "{}").await;
+    assert_cors(&missing, Some(APP));
+    std::fs::write(file.path(), &base).expect("rewrite");
+    reload(&proxy.state, file.path(), None, &no_level).expect("cors applies");
+    let missing = post(&client, "/orders", None, Some(APP), "{}").await;
+    assert!(!missing.headers.contains_key("vary"));
+}
