@@ -22,6 +22,9 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql
 /usr/bin/python3 -c 'import flask' >/dev/null 2>&1 || missing+=(python3-flask)
 [ -f /usr/share/java/jetty9-server.jar ] && [ -f /usr/share/java/servlet-api.jar ] || missing+=(libjetty9-java)
 command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
+# chromium: tests/it/browser.rs runs headless Chromium on a page of another origin that
+# calls a guarded API through idemgate (preflights, exposed headers, a replay, a 409).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]}"

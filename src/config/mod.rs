@@ -46,8 +46,9 @@ pub use sections::upstream::tls::{
     CertFile, KeyFile, UpstreamTls, client_config as tls_client_config,
 };
 pub use sections::{
-    AdminConfig, AdminToken, Config, ErrorFormat, ErrorsConfig, LogConfig, LogFormat, Policy,
-    RELOAD, Reload, ReloadKey, Route, RouteMatch, UpstreamConfig, Workers,
+    AdminConfig, AdminToken, AllowOrigins, Config, CorsConfig, ErrorFormat, ErrorsConfig,
+    LogConfig, LogFormat, Policy, RELOAD, Reload, ReloadKey, Route, RouteMatch, UpstreamConfig,
+    Workers,
 };
 
 impl Config {
@@ -106,7 +107,8 @@ impl Config {
         let yaml = serde_saphyr::to_string(self)
             .unwrap_or_else(|err| format!("# cannot print the configuration: {err}\n"));
         format!(
-            "{}{}{}{yaml}",
+            "{}{}{}{}{yaml}",
+            sections::cors::notice(self.cors.as_ref()),
             masked_notice(self),
             streaming_notice(self),
             basic_notice(self)

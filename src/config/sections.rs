@@ -4,6 +4,7 @@
 use super::types::section_forms;
 
 mod admin;
+pub(super) mod cors;
 mod errors;
 mod log;
 pub(super) mod policy;
@@ -14,6 +15,7 @@ pub(super) mod top;
 pub(super) mod upstream;
 
 pub use admin::{AdminConfig, AdminToken};
+pub use cors::{AllowOrigins, CorsConfig};
 pub use errors::{ErrorFormat, ErrorsConfig};
 pub use log::{LogConfig, LogFormat};
 pub use policy::Policy;

@@ -25,7 +25,7 @@ use super::state::{AppState, Live, PolicyId};
 use super::streamed::{self, Streaming};
 use super::upload;
 use super::upstream::{self, upstream_request};
-use super::{upgrade, view};
+use super::{cors, upgrade, view};
 use crate::config::{OnUnavailable, Policy, StoreKind};
 use crate::error::ProxyError;
 use crate::idempotency::body::Body;
@@ -89,13 +89,33 @@ async fn answer<S: Store, B: RequestBody>(
     peer: SocketAddr,
     scoped_key: &mut Option<ScopedKey>,
 ) -> Counted {
-    match route(state, &live, req, peer, scoped_key).await {
+    // One branch when `cors` is unset (docs/behaviour.md §24).
+    let cors = live
+        .config
+        .cors
+        .is_some()
+        .then(|| cors_asked(&live, &req))
+        .flatten();
+    let mut counted = match route(state, &live, req, peer, scoped_key).await {
         Ok(Next::Exchange { id, lease, req }) => {
             exchange::execute(state, live, id, lease, req).await
         }
         Ok(Next::Answer(reply)) => finish(state, Ok(reply)),
         Err(err) => finish(state, Err(err)),
+    };
+    if let Some(cors) = cors {
+        cors.apply(&mut counted);
     }
+    counted
+}
+
+/// What the CORS headers of the answer depend on, under the policy of the request's
+/// path (a path that does not normalise is answered `400`, under any).
+fn cors_asked<B>(live: &Arc<Live>, req: &Request<B>) -> Option<Box<cors::Asked>> {
+    let path = req.uri().path();
+    let normal = path::normalise(path, live.config.escaped_slashes).unwrap_or(Cow::Borrowed(path));
+    let policy = live.policy(live.policy_id(&view::match_path(&normal)));
+    cors::Asked::of(live, req, policy)
 }
 
 /// [`answer`] inside the request's server span `cx` (docs/behaviour.md §20): the store

@@ -17,6 +17,7 @@
 //!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
 //! 6. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
 //! 7. `reply.rs`: replays, problems, and the one place an answer is counted and logged;
+//!    `cors.rs` puts the CORS headers on idemgate's own answers, replays and preflights;
 //! 8. `state.rs`: the shared state ([`AppState`]), the configuration in force ([`Live`]),
 //!    policy ids;
 //! 9. `upstream.rs`: the pooled client, `send`, header rewriting (`connector.rs`: TLS);
@@ -28,6 +29,7 @@ mod body;
 mod budget;
 mod claim;
 mod connector;
+mod cors;
 mod detach;
 mod exchange;
 mod handler;

@@ -206,9 +206,9 @@ mod tests {
             "upstream:\n  url: https://other:8443\n  timeout: 5s\nidempotency:\n  ttl: 1h\n\
              routes:\n  - path: /a\n    enabled: false\nlog:\n  level: debug\n\
              route_match: case_insensitive\nshutdown_timeout: 5s\n\
-             admin:\n  token: rotated\n",
+             admin:\n  token: rotated\ncors:\n  allow_origins: \"*\"\n",
         );
         check(&running, &applies)
-            .expect("routes, idempotency, upstream, log.level and admin.token apply");
+            .expect("routes, idempotency, upstream, log.level, admin.token and cors apply");
     }
 }

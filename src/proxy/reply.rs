@@ -51,6 +51,11 @@ impl Counted {
             .is_some_and(|value| value == "true")
     }
 
+    /// For the headers every answer gets once it is made (`cors.rs`); its outcome stays.
+    pub(crate) fn response_mut(&mut self) -> &mut Response<ProxyBody> {
+        &mut self.0.response
+    }
+
     pub(crate) fn into_response(self) -> Response<ProxyBody> {
         self.0.response
     }

@@ -6,10 +6,12 @@
 mod admin;
 mod admin_keys;
 mod answers;
+mod browser;
 mod chaos;
 mod cli;
 mod compose;
 mod concurrency;
+mod cors;
 #[cfg(feature = "failpoints")]
 mod crash;
 mod demo;

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::{Policy, Printed, WrittenPolicy, WrittenRoute};
 use super::routes::{self, Route, RouteMatch};
-use super::{AdminConfig, ErrorsConfig, LogConfig, StoreConfig, TelemetryConfig, UpstreamConfig};
+use super::{
+    AdminConfig, CorsConfig, ErrorsConfig, LogConfig, StoreConfig, TelemetryConfig, UpstreamConfig,
+};
 use crate::config::OnConcurrent;
 use crate::config::error::ConfigError;
 use crate::config::types::http::Addr;
@@ -99,6 +101,10 @@ pub struct Config {
     /// Where traces go (docs/behaviour.md §20): no exporter by default.
     #[serde(with = "OrDefault::<TelemetryConfig>")]
     pub telemetry: TelemetryConfig,
+    /// The CORS headers of idemgate's own answers and of replays (docs/behaviour.md §24);
+    /// unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cors: Option<CorsConfig>,
 }
 
 impl Default for Config {
@@ -125,6 +131,7 @@ impl Default for Config {
             listen_idle_timeout: Duration::from_secs(60),
             listen_body_timeout: Duration::from_secs(30),
             telemetry: TelemetryConfig::default(),
+            cors: None,
         }
     }
 }
@@ -190,6 +197,9 @@ impl Config {
         self.store = self.store.build()?;
         self.errors.check()?;
         self.telemetry.check()?;
+        if let Some(cors) = &self.cors {
+            cors.check()?;
+        }
         Ok(self)
     }
 
@@ -413,4 +423,5 @@ pub const RELOAD: &[ReloadKey] = reload! {
     Restart: listen_idle_timeout;
     Applies: listen_body_timeout;
     Applies: telemetry;
+    Applies: cors;
 };

@@ -3,7 +3,7 @@
 //! configuration, every key with its value, for files that between them set every
 //! section (each store kind, PostgreSQL's TLS, Sentinel and a cluster, encryption,
 //! upstream TLS, every key source and principal source, `key_format`, `reconcile`,
-//! `errors`, telemetry, routes).
+//! `errors`, telemetry, cors, routes).
 //! The keys of those printouts, as dotted paths with `[]` for the items of a list
 //! (`routes[].path`), are compared with the first cells of the doc's key tables
 //! (`| `store.kind` | default | effect |`).
@@ -104,6 +104,9 @@ telemetry:
   otlp:
     endpoint: http://127.0.0.1:4318
     headers: {{x-tenant: a}}
+cors:
+  allow_origins: [https://app.example.com]
+  expose_headers: [x-request-id]
 "#,
             ca = pki.path("ca.pem"),
             cert = pki.path("client.pem"),

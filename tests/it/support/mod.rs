@@ -13,6 +13,7 @@ pub mod flask;
 pub mod jetty;
 pub mod jwt;
 pub mod kube;
+pub mod legacy_cors;
 pub mod monitor;
 pub mod otlp;
 pub mod pki;
