@@ -36,10 +36,11 @@
 //! forwarded) rather than comparing the wrong fingerprint. Everything else is written
 //! exactly as before streaming existed.
 //!
-//! Format 4 keeps the rules the record's fingerprint was made under (docs/behaviour.md
-//! §24), so that a retry is compared under them; every record made by this version is
-//! format 4, and records of formats 1 to 3, which predate it, are compared under the
-//! rules in force. A version that predates format 4 refuses it as unreadable.
+//! Format 4 keeps the rules the record's fingerprint was made under
+//! (docs/behaviour.md §24), so that a retry is compared under them; every record made by
+//! this version is format 4, and records of formats 1 to 3, which predate it, are
+//! compared under the rules in force. A version that predates format 4 refuses it as
+//! unreadable.
 //!
 //! Format 2 adds the times the admin API reports (docs/behaviour.md §13); records of
 //! format 1, written before it, still load, without them. A record is written in format 2
