@@ -20,12 +20,12 @@ use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_c
 use super::budget::Held;
 use super::claim::{self, Claimed};
 use super::exchange::{self, Guarded, Payload};
-use super::reply::{Counted, Reply, finish, replay_response};
+use super::reply::{Counted, Reply, finish};
 use super::state::{AppState, Live, PolicyId};
 use super::streamed::{self, Streaming};
 use super::upload;
 use super::upstream::{self, upstream_request};
-use super::{upgrade, view};
+use super::{authorize, upgrade, view};
 use crate::config::{OnUnavailable, Policy, StoreKind};
 use crate::error::ProxyError;
 use crate::idempotency::body::Body;
@@ -243,10 +243,20 @@ async fn claimed<S: Store>(
         Claimed::Abandoned(lease) => Next::Answer(
             Box::pin(exchange::record_abandoned(state, live, policy, lease, req)).await,
         ),
-        Claimed::Replay(completed) => Next::Answer(Reply::new(
-            Outcome::Replayed,
-            replay_response(completed.response(), policy),
-        )),
+        Claimed::Replay(completed) => Next::Answer(
+            authorize::replay(
+                state,
+                live,
+                policy,
+                authorize::Retry {
+                    parts: &req.parts,
+                    scoped: &req.scoped,
+                    peer: req.peer,
+                },
+                completed.response(),
+            )
+            .await?,
+        ),
         Claimed::Compare(completed) => {
             Next::Answer(Box::pin(streamed::compare(state, live, policy, req, completed)).await?)
         }
