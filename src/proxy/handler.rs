@@ -297,6 +297,10 @@ fn one_view<B>(mut req: Request<B>, slashes: EscapedSlashes) -> Result<Request<B
         Cow::Borrowed(_) => return Ok(req),
         Cow::Owned(normal) => normal,
     };
+    // As received, for a replay check's `X-Original-URI` (docs/behaviour.md §24).
+    if let Some(received) = req.uri().path_and_query().cloned() {
+        req.extensions_mut().insert(authorize::Received(received));
+    }
     let mut parts = req.uri().clone().into_parts();
     let target = match req.uri().query() {
         Some(query) => format!("{normal}?{query}"),

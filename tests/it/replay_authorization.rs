@@ -361,7 +361,8 @@ async fn the_check_carries_the_retrys_headers_and_names_the_record() {
             ("content-type", "application/json"),
         ];
         for _ in 0..2 {
-            let r = c.send("POST", "/charges/a?b=c", &headers, "{}").await;
+            // Normalised to /charges/a for the guard and the upstream.
+            let r = c.send("POST", "/charges/%61?b=c", &headers, "{}").await;
             assert_eq!(r.status, 201, "{}", r.text());
         }
         let checks = backend.checks();
@@ -380,7 +381,10 @@ async fn the_check_carries_the_retrys_headers_and_names_the_record() {
         .expect("a guarded path");
         assert_eq!(seen.headers["x-idempotency-record"], id.as_str());
         assert_eq!(seen.headers["x-original-method"], "POST");
-        assert_eq!(seen.headers["x-original-uri"], "/charges/a?b=c");
+        assert_eq!(
+            seen.headers["x-original-uri"], "/charges/%61?b=c",
+            "as received"
+        );
         for name in copied {
             assert_eq!(seen.headers[name], map[name], "{name}");
         }
@@ -439,6 +443,73 @@ async fn a_check_that_cannot_decide_is_503_and_changes_nothing() {
         proxy.stop().await;
     }
     assert_eq!(backend.executions(), 4, "one first execution per proxy");
+}
+
+/// A streamed request's retry, whose body decides after it is read (docs/behaviour.md
+/// §19), is checked before its replay too.
+#[tokio::test]
+async fn a_streamed_retry_is_checked_before_its_replay() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "workers: 1\nupstream:\n  url: {}\nroutes:\n  - path: /charges\n    methods: [POST]\n    \
+         scope_headers: [x-tenant]\n    max_request_body: 1KiB\n    stream_request_body: true\n    \
+         replay_authorization: {{{ON_PATH}}}\n",
+        backend.url()
+    );
+    let proxy = Proxy::with_config(Config::from_yaml_str(&yaml, &|_| None).expect("valid")).await;
+    let c = proxy.client();
+    let body = "x".repeat(8 * 1024);
+    let send = |credential: &'static str| {
+        let (c, body) = (c.clone(), body.clone());
+        async move {
+            c.send(
+                "POST",
+                "/charges",
+                &[
+                    ("idempotency-key", "streamed"),
+                    ("authorization", credential),
+                    ("x-tenant", "acme"),
+                ],
+                &body,
+            )
+            .await
+        }
+    };
+    assert_eq!(send("Bearer good").await.status, 201);
+    assert!(backend.checks().is_empty());
+    let denied = send("Bearer revoked").await;
+    assert_eq!(denied.status, 401, "{}", denied.text());
+    assert!(send("Bearer good").await.replayed());
+    assert_eq!(backend.checks().len(), 2);
+    assert_eq!(backend.executions(), 1);
+    proxy.stop().await;
+}
+
+/// `replay_authorization` follows a reload like any policy key (docs/behaviour.md §14).
+#[tokio::test]
+async fn the_check_follows_a_reload() {
+    let backend = Backend::start().await;
+    let proxy = Proxy::with_config(config(&backend, "", MEMORY)).await;
+    let c = proxy.client();
+    charge(&c, "/charges", "k", "Bearer good").await;
+    assert!(
+        charge(&c, "/charges", "k", "Bearer revoked")
+            .await
+            .replayed()
+    );
+    proxy.state.apply(config(&backend, ON_PATH, MEMORY));
+    assert_eq!(
+        charge(&c, "/charges", "k", "Bearer revoked").await.status,
+        401
+    );
+    proxy.state.apply(config(&backend, "", MEMORY));
+    assert!(
+        charge(&c, "/charges", "k", "Bearer revoked")
+            .await
+            .replayed()
+    );
+    assert_eq!(backend.checks().len(), 1);
+    proxy.stop().await;
 }
 
 /// A refusal's body is passed on up to 64 KiB, no more.
