@@ -485,6 +485,38 @@ async fn a_streamed_retry_is_checked_before_its_replay() {
     proxy.stop().await;
 }
 
+/// A `fingerprint` key source's replays are checked like any other.
+#[tokio::test]
+async fn a_fingerprint_keyed_replay_is_checked() {
+    let backend = Backend::start().await;
+    let yaml = format!(
+        "workers: 1\nupstream:\n  url: {}\nroutes:\n  - path: /charges\n    methods: [POST]\n    \
+         key_from: [{{fingerprint: 10m}}]\n    scope_headers: [x-tenant]\n    \
+         replay_authorization: {{{ON_PATH}}}\n",
+        backend.url()
+    );
+    let proxy = Proxy::with_config(Config::from_yaml_str(&yaml, &|_| None).expect("valid")).await;
+    let c = proxy.client();
+    let send = |credential: &'static str| {
+        let c = c.clone();
+        async move {
+            c.send(
+                "POST",
+                "/charges",
+                &[("authorization", credential), ("x-tenant", "acme")],
+                "{}",
+            )
+            .await
+        }
+    };
+    assert_eq!(send("Bearer good").await.status, 201);
+    assert_eq!(send("Bearer forbidden").await.status, 403);
+    assert!(send("Bearer good").await.replayed());
+    assert_eq!(backend.checks().len(), 2);
+    assert_eq!(backend.executions(), 1);
+    proxy.stop().await;
+}
+
 /// `replay_authorization` follows a reload like any policy key (docs/behaviour.md §14).
 #[tokio::test]
 async fn the_check_follows_a_reload() {
