@@ -139,6 +139,9 @@ pub(crate) enum TargetKind {
     /// The memory store with `telemetry.otlp` (`sample_ratio: 1.0`) exporting every
     /// request's spans to a sink in the harness (docs/behaviour.md §20): what traces cost.
     MemoryOtlp,
+    /// The memory store with `replay_authorization: {path: /auth/check}` on the same
+    /// upstream (docs/behaviour.md §24): what a check before every replay costs.
+    MemoryAuthz,
     Redis,
     /// Redis with `store.encryption`, on the same redis-server under another `key_prefix`.
     RedisEnc,
@@ -171,6 +174,7 @@ impl TargetKind {
             TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
             TargetKind::MemoryJwtRaw => "idemgate-memory-jwt-raw",
             TargetKind::MemoryOtlp => "idemgate-memory-otlp",
+            TargetKind::MemoryAuthz => "idemgate-memory-authz",
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
@@ -204,6 +208,7 @@ impl TargetKind {
                 | TargetKind::MemoryJwtEs256
                 | TargetKind::MemoryJwtRaw
                 | TargetKind::MemoryOtlp
+                | TargetKind::MemoryAuthz
                 | TargetKind::Redis
                 | TargetKind::RedisEnc
                 | TargetKind::RedisReplica

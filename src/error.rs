@@ -22,6 +22,10 @@ pub(crate) const PROBLEM_BASE: &str = "https://idemgate.dev/problems/";
 /// How long a client is asked to wait after `503 store-unavailable`.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a client is asked to wait after `503 authorization-unavailable`
+/// (docs/behaviour.md §24).
+const AUTHORIZATION_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a client is asked to wait after `503 overloaded`.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -78,6 +82,10 @@ pub(crate) enum ProxyError {
     /// or timed out (docs/behaviour.md §25).
     #[error("the key set that could verify the token could not be read; retry later")]
     PrincipalUnavailable { retry_after: Duration },
+    /// `replay_authorization` could not say whether the retry may read the record
+    /// (docs/behaviour.md §24): another status, no answer in time, no connection.
+    #[error("the replay's authorization could not be checked; retry later")]
+    AuthorizationUnavailable(#[source] BoxError),
     #[error("a request with this key is still being executed")]
     InFlight { retry_after: Duration },
     #[error("the response to this key was too large to keep and cannot be replayed")]
@@ -283,6 +291,12 @@ impl ProxyError {
                 "Credentials cannot be verified now",
                 Some(*retry_after),
             ),
+            E::AuthorizationUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "authorization-unavailable",
+                "Authorization cannot be checked now",
+                Some(AUTHORIZATION_RETRY_AFTER),
+            ),
             E::BadRequestBody(_) => (
                 StatusCode::BAD_REQUEST,
                 "bad-request",
@@ -404,6 +418,7 @@ impl ProxyError {
             E::InvalidCredentials(_) => Outcome::InvalidCredentials,
             E::MissingCredentials => Outcome::MissingCredentials,
             E::PrincipalUnavailable { .. } => Outcome::PrincipalUnavailable,
+            E::AuthorizationUnavailable(_) => Outcome::AuthorizationUnavailable,
             E::InFlight { .. } => Outcome::InFlight,
             E::NotReplayable => Outcome::NotReplayable,
             E::BodyTooLarge { .. } => Outcome::TooLarge,
@@ -424,7 +439,10 @@ impl ProxyError {
     pub(crate) fn is_infrastructure(&self) -> bool {
         use ProxyError as E;
         match self {
-            E::StoreUnavailable(_) | E::UpstreamUnreachable(_) | E::OutcomeUnknown { .. } => true,
+            E::StoreUnavailable(_)
+            | E::UpstreamUnreachable(_)
+            | E::OutcomeUnknown { .. }
+            | E::AuthorizationUnavailable(_) => true,
             E::PassThroughFailed(inner) => inner.is_infrastructure(),
             E::MissingKey { .. }
             | E::InvalidKey(_)

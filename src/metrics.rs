@@ -8,8 +8,8 @@ mod labels;
 
 pub use format::Format;
 use format::prometheus_text;
+pub use labels::{Authorized, Outcome, Reconciled, StoreOp};
 use labels::{ExecutedLabel, OpLabel, OutcomeLabel, ResultLabel};
-pub use labels::{Outcome, Reconciled, StoreOp};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,6 +82,8 @@ pub struct Metrics {
     reconciliations: [Counter; Reconciled::ALL.len()],
     /// Spans the trace exporter could not deliver (docs/behaviour.md §20).
     spans_dropped: Counter,
+    /// Checks of `replay_authorization`, by [`Authorized`] (docs/behaviour.md §24).
+    replay_authorizations: [Counter; Authorized::ALL.len()],
     /// Woken on every count, so that a test can wait for a condition. Only
     /// [`Metrics::observable`] has one: in production counting stays one atomic add.
     changed: Option<Arc<tokio::sync::Notify>>,
@@ -203,6 +205,15 @@ impl Metrics {
             "Unknown outcomes the upstream was asked about (reconcile), by what its lookup said: executed (recorded), not_executed (released) or unknown (outcome-unknown recorded)",
             reconciliations_family,
         );
+        let authorizations_family = Family::<ResultLabel, Counter>::default();
+        let replay_authorizations = Authorized::ALL.map(|a| {
+            authorizations_family.get_or_create_owned(&ResultLabel { result: a.as_str() })
+        });
+        registry.register(
+            "idemgate_replay_authorizations",
+            "Replays checked by replay_authorization, by what it said: allowed (replayed), denied (its 401 or 403 passed on) or error (503 authorization-unavailable)",
+            authorizations_family,
+        );
         let undecryptable = Counter::default();
         registry.register(
             "idemgate_store_undecryptable",
@@ -244,6 +255,7 @@ impl Metrics {
             orphans_released,
             records_lost,
             spans_dropped,
+            replay_authorizations,
             changed: None,
         }
     }
@@ -412,6 +424,15 @@ impl Metrics {
 
     pub fn reconciliations(&self, result: Reconciled) -> u64 {
         self.reconciliations[result as usize].get()
+    }
+
+    pub fn count_replay_authorization(&self, result: Authorized) {
+        self.replay_authorizations[result as usize].inc();
+        self.wake();
+    }
+
+    pub fn replay_authorizations(&self, result: Authorized) -> u64 {
+        self.replay_authorizations[result as usize].get()
     }
 
     pub fn undecryptable(&self) {

@@ -43,7 +43,9 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       the raw header, the reference of the JWT goals; memory-otlp:
                       telemetry.otlp exporting every span (sample_ratio 1.0) to a
                       sink in the harness, against memory (issue 31; the smoke run
-                      includes it); postgres,postgres-async: the PostgreSQL store on
+                      includes it); memory-authz: replay_authorization on the
+                      same upstream before every replay (the upstream answers its
+                      /auth/check 204); postgres,postgres-async: the PostgreSQL store on
                       a throwaway cluster the harness starts (initdb from the
                       highest /usr/lib/postgresql/*/bin, fsync on), a database
                       each, the second with synchronous_commit off (issue 39)
@@ -276,6 +278,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
                     "memory-jwt-raw" => Some(TargetKind::MemoryJwtRaw),
                     "memory-otlp" => Some(TargetKind::MemoryOtlp),
+                    "memory-authz" => Some(TargetKind::MemoryAuthz),
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),

@@ -260,6 +260,9 @@ pub(crate) struct Tuning {
     /// `telemetry.otlp` to this address over `http/protobuf`, every trace sampled
     /// (docs/behaviour.md §20).
     pub(crate) otlp: Option<SocketAddr>,
+    /// `replay_authorization: {path: /auth/check}` in the default policy
+    /// (docs/behaviour.md §24): the harness's upstream answers it `204`.
+    pub(crate) replay_authorization: bool,
 }
 
 /// The encryption key of the `-enc` targets: 32 bytes (`bench-only-key-not-a-secret-32b!`)
@@ -286,6 +289,10 @@ pub(crate) fn other_bin() -> Result<PathBuf, BoxError> {
         Err(format!("IDEMGATE_OTHER_BIN: no binary at {}", path.display()).into())
     }
 }
+
+/// The path of the `memory-authz` target's check, which the harness's upstream answers
+/// `204` with no body.
+pub(crate) const AUTH_CHECK: &str = "/auth/check";
 
 /// idemgate's config: `/charges` guarded (key required), `/orders` guarded with the key
 /// in the JSON body and a canonical-JSON fingerprint, `/documents` guarded with its
@@ -345,6 +352,9 @@ pub(crate) fn idemgate_yaml(
             "  scope_principal:\n    jwt:\n      jwks_file: \"{}\"\n",
             dir.join(jwks).display()
         ));
+    }
+    if tuning.replay_authorization {
+        policy.push_str(&format!("  replay_authorization: {{path: {AUTH_CHECK}}}\n"));
     }
     let idempotency = if policy.is_empty() {
         policy

@@ -63,8 +63,15 @@ pub(crate) async fn upstream(listener: TcpListener, body: Bytes) {
                 .get(load::DELAY_HEADER)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                 .map(|ms| Duration::from_millis(ms).min(MAX_DELAY));
+            let check = req.uri().path() == crate::procs::AUTH_CHECK;
             // A real backend reads what it was sent; so does this one.
             let _ = req.into_body().collect().await;
+            // `replay_authorization`'s check (the memory-authz target): allowed, no body.
+            if check {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = StatusCode::NO_CONTENT;
+                return response;
+            }
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
             }

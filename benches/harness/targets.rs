@@ -195,6 +195,7 @@ pub(crate) async fn start(
         TargetKind::MemoryJwtEs256,
         TargetKind::MemoryJwtRaw,
         TargetKind::MemoryOtlp,
+        TargetKind::MemoryAuthz,
     ] {
         if !wanted.contains(&kind) {
             continue;
@@ -219,6 +220,7 @@ pub(crate) async fn start(
             encryption: kind == TargetKind::MemoryEnc,
             jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
             otlp: otlp.filter(|_| kind == TargetKind::MemoryOtlp),
+            replay_authorization: kind == TargetKind::MemoryAuthz,
             ..Tuning::default()
         };
         let (proc, target) = start_idemgate(kind, Store::Memory, tuning).await?;

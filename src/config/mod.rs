@@ -37,6 +37,7 @@ pub use crate::idempotency::decide::{OnConcurrent, OnUnknownOutcome};
 pub use crate::idempotency::path::EscapedSlashes;
 pub use error::{At, ConfigError};
 pub use sections::policy::reconcile::Reconcile;
+pub use sections::policy::replay_authorization::{AuthorizerTarget, ReplayAuthorization};
 pub use sections::store::encryption::EncryptionKey;
 pub use sections::store::postgres::{SslMode, StoreTls, redact_pg_url, split_sslmode};
 pub use sections::store::redis::SentinelConfig;

@@ -41,10 +41,14 @@ pub enum Outcome {
     MissingCredentials,
     /// The read of the key set an unknown `kid` waited on failed or timed out.
     PrincipalUnavailable,
+    /// A replay that `replay_authorization` refused (`401`/`403` passed on).
+    ReplayDenied,
+    /// A replay that `replay_authorization` could not decide: `503`.
+    AuthorizationUnavailable,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 22] = [
+    pub const ALL: [Outcome; 24] = [
         Outcome::Forwarded,
         Outcome::Replayed,
         Outcome::InFlight,
@@ -67,6 +71,8 @@ impl Outcome {
         Outcome::InvalidCredentials,
         Outcome::MissingCredentials,
         Outcome::PrincipalUnavailable,
+        Outcome::ReplayDenied,
+        Outcome::AuthorizationUnavailable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +99,8 @@ impl Outcome {
             Outcome::InvalidCredentials => "invalid_credentials",
             Outcome::MissingCredentials => "missing_credentials",
             Outcome::PrincipalUnavailable => "principal_unavailable",
+            Outcome::ReplayDenied => "replay_denied",
+            Outcome::AuthorizationUnavailable => "authorization_unavailable",
         }
     }
 
@@ -187,6 +195,30 @@ impl Reconciled {
             Reconciled::Executed => "executed",
             Reconciled::NotExecuted => "not_executed",
             Reconciled::Unknown => "unknown",
+        }
+    }
+}
+
+/// What `replay_authorization` said before a replay (docs/behaviour.md §24): the
+/// `result` of `idemgate_replay_authorizations_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authorized {
+    /// `2xx`: replayed.
+    Allowed,
+    /// `401` or `403`: passed to the client.
+    Denied,
+    /// Anything else, or no answer: `503 authorization-unavailable`.
+    Error,
+}
+
+impl Authorized {
+    pub const ALL: [Authorized; 3] = [Authorized::Allowed, Authorized::Denied, Authorized::Error];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Authorized::Allowed => "allowed",
+            Authorized::Denied => "denied",
+            Authorized::Error => "error",
         }
     }
 }

@@ -54,8 +54,7 @@ pub enum BasicPrincipal {
     /// The user name alone, so that a rotated password keeps the scope: only for a
     /// policy whose `replay_authorization` has the upstream check the password before
     /// any replay. Never written in `scope_principal`: the policy sets it from that key
-    /// (which is not built yet; until it is, every Basic principal is
-    /// [`UserAndPassword`](Self::UserAndPassword)).
+    /// once its keys are merged.
     UserAlone,
 }
 

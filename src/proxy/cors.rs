@@ -131,7 +131,11 @@ fn made_by(outcome: Outcome) -> Maker {
         | Outcome::PassthroughError
         | Outcome::InvalidCredentials
         | Outcome::MissingCredentials
-        | Outcome::PrincipalUnavailable => Maker::Idemgate,
+        | Outcome::PrincipalUnavailable
+        // The authorizer's 401/403 is passed by idemgate in place of a replay
+        // (docs/behaviour.md §24): the upstream did not answer this request.
+        | Outcome::ReplayDenied
+        | Outcome::AuthorizationUnavailable => Maker::Idemgate,
     }
 }
 

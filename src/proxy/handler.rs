@@ -20,12 +20,12 @@ use super::body::{Capped, ProxyBody, RequestBody, StallGuard, Stalled, collect_c
 use super::budget::Held;
 use super::claim::{self, Again, AgainBody, Claimed};
 use super::exchange::{self, Guarded, Payload};
-use super::reply::{Counted, Reply, finish, replay_response};
+use super::reply::{Counted, Reply, finish};
 use super::state::{AppState, Live, PolicyId};
 use super::streamed::{self, Streaming};
 use super::upload;
 use super::upstream::{self, upstream_request};
-use super::{cors, upgrade, view};
+use super::{authorize, cors, upgrade, view};
 use crate::config::{OnUnavailable, Policy, StoreKind};
 use crate::error::ProxyError;
 use crate::idempotency::body::Body;
@@ -283,10 +283,20 @@ async fn claimed<S: Store>(
         Claimed::Abandoned(lease) => Next::Answer(
             Box::pin(exchange::record_abandoned(state, live, policy, lease, req)).await,
         ),
-        Claimed::Replay(completed) => Next::Answer(Reply::new(
-            Outcome::Replayed,
-            replay_response(completed.response(), policy),
-        )),
+        Claimed::Replay(completed) => Next::Answer(
+            authorize::replay(
+                state,
+                live,
+                policy,
+                authorize::Retry {
+                    parts: &req.parts,
+                    scoped: &req.scoped,
+                    peer: req.peer,
+                },
+                completed.response(),
+            )
+            .await?,
+        ),
         Claimed::Compare(completed) => {
             Next::Answer(Box::pin(streamed::compare(state, live, policy, req, completed)).await?)
         }
@@ -327,6 +337,10 @@ fn one_view<B>(mut req: Request<B>, slashes: EscapedSlashes) -> Result<Request<B
         Cow::Borrowed(_) => return Ok(req),
         Cow::Owned(normal) => normal,
     };
+    // As received, for a replay check's `X-Original-URI` (docs/behaviour.md §24).
+    if let Some(received) = req.uri().path_and_query().cloned() {
+        req.extensions_mut().insert(authorize::Received(received));
+    }
     let mut parts = req.uri().clone().into_parts();
     let target = match req.uri().query() {
         Some(query) => format!("{normal}?{query}"),

@@ -13,6 +13,7 @@
 //!    too large to buffer; `record_id.rs` addresses a request as it does, for
 //!    `idemgate key`;
 //! 4. `claim.rs`: claim -> decide -> wait / take over, until the key is ours or answered;
+//!    `authorize.rs` asks `replay_authorization` before a replay is answered;
 //! 5. `exchange.rs`: forward once and record (on its own task if the client leaves,
 //!    `detach.rs`); `reconcile.rs` asks the upstream about an unknown outcome first;
 //! 6. `lease.rs`: renew while forwarding, complete, release; bounded background retries;
@@ -25,6 +26,7 @@
 //! 10. `body.rs`: body types; `upload.rs`: a streamed request body, hashed as it goes;
 //!     `budget.rs`: `max_buffered_bytes`.
 
+mod authorize;
 mod body;
 mod budget;
 mod claim;

@@ -15,7 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use super::budget::Budget;
 use super::jwks::url_fetcher;
 use super::upstream::{self, UpstreamClient};
-use crate::config::{Config, Policy};
+use crate::config::{AuthorizerTarget, Config, Policy};
 use crate::idempotency::{Completed, ScopedKey};
 use crate::metrics::{Metrics, SpanDrops};
 use crate::principal::Verifier;
@@ -42,6 +42,9 @@ pub struct Live {
     /// One connection pool per worker: a pooled connection is driven by a task on the
     /// runtime that opened it, so sharing one pool would hand requests across threads.
     clients: PerWorker<UpstreamClient>,
+    /// The clients of `replay_authorization`'s `url`s (docs/behaviour.md §24), when a
+    /// policy has one.
+    authorizers: Option<PerWorker<UpstreamClient>>,
     /// The verifier of each policy's `scope_principal` (docs/behaviour.md §17): first
     /// `idempotency`'s, then each route's. Policies with the same source share one.
     principals: Vec<Option<Arc<Verifier>>>,
@@ -60,11 +63,13 @@ impl Live {
         previous: Option<&Live>,
     ) -> Self {
         let clients = upstream::clients(&config.upstream, config.workers.resolve());
+        let authorizers = authorizers(&config, None);
         let principals = verifiers(&config, failures, previous);
         let telemetry = telemetry(&config, drops, previous);
         Self {
             config,
             clients,
+            authorizers,
             principals,
             telemetry,
         }
@@ -97,6 +102,12 @@ impl Live {
         self.clients.get()
     }
 
+    /// The calling worker's client for `replay_authorization`'s `url`s; `None` when no
+    /// policy has one.
+    pub(crate) fn authorizer_client(&self) -> Option<&UpstreamClient> {
+        self.authorizers.as_ref().map(PerWorker::get)
+    }
+
     pub fn policy_id(&self, path: &str) -> PolicyId {
         PolicyId(self.config.route_index(path))
     }
@@ -107,6 +118,29 @@ impl Live {
             None => &self.config.idempotency,
         }
     }
+}
+
+/// The clients of `replay_authorization`'s `url`s when a policy of `config` has one:
+/// `previous`'s, with their pooled connections, when it had them (its `upstream` is
+/// `config`'s).
+fn authorizers(config: &Config, previous: Option<&Live>) -> Option<PerWorker<UpstreamClient>> {
+    let wanted = config.policies().any(|policy| {
+        policy
+            .replay_authorization
+            .as_ref()
+            .is_some_and(|check| matches!(check.target, AuthorizerTarget::Url { .. }))
+    });
+    if !wanted {
+        return None;
+    }
+    previous
+        .and_then(|previous| previous.authorizers.clone())
+        .or_else(|| {
+            Some(upstream::authorizer_clients(
+                &config.upstream,
+                config.workers.resolve(),
+            ))
+        })
 }
 
 /// The verifiers of `config`'s policies, in [`Live::principals`] order: one per distinct
@@ -277,9 +311,11 @@ impl<S: Store> AppState<S> {
         let live = if config.upstream == current.config.upstream {
             let principals = verifiers(&config, &failures, Some(&current));
             let telemetry = telemetry(&config, &drops, Some(&current));
+            let authorizers = authorizers(&config, Some(&current));
             Live {
                 config: Arc::new(config),
                 clients: current.clients.clone(),
+                authorizers,
                 principals,
                 telemetry,
             }

@@ -10,17 +10,17 @@ use http::Request;
 use http::request::Parts;
 use http_body_util::BodyExt;
 
+use super::authorize::{self, Retry};
 use super::body::{RequestBody, StallGuard, Stalled};
 use super::claim;
 use super::exchange::{Guarded, Payload};
-use super::reply::{Reply, replay_response};
+use super::reply::Reply;
 use super::state::{AppState, Live};
 use super::upload::{self, Cut, Upload};
 use crate::config::Policy;
 use crate::error::{BoxError, ProxyError};
 use crate::idempotency::source::KeySource;
 use crate::idempotency::{Completed, Fingerprint, IdempotencyKey};
-use crate::metrics::Outcome;
 use crate::principal::Principal;
 use crate::store::Store;
 
@@ -43,10 +43,18 @@ pub(super) async fn compare<S: Store>(
         .map_err(|_| ProxyError::BodyTimeout)?
         .map_err(Cut::error)?;
     let opened = claim::compared(state, req.scoped, completed, &full)?;
-    Ok(Reply::new(
-        Outcome::Replayed,
-        replay_response(opened.response(), policy),
-    ))
+    authorize::replay(
+        state,
+        live,
+        policy,
+        Retry {
+            parts: &req.parts,
+            scoped: &req.scoped,
+            peer: req.peer,
+        },
+        opened.response(),
+    )
+    .await
 }
 
 /// A guarded body too large to buffer, about to be streamed (docs/behaviour.md §19).

@@ -72,6 +72,21 @@ pub(crate) fn clients(config: &UpstreamConfig, workers: usize) -> PerWorker<Upst
     })
 }
 
+/// The pooled clients of `replay_authorization`'s `url`s (docs/behaviour.md §24), one
+/// per worker as [`clients`]: with the upstream's TLS settings (`upstream.tls` and the
+/// system store) and `connect_timeout`, whatever the upstream's scheme. A pool keeps
+/// connections per authority, so one client serves every such `url`.
+pub(crate) fn authorizer_clients(
+    config: &UpstreamConfig,
+    workers: usize,
+) -> PerWorker<UpstreamClient> {
+    let tls = tls_client_config(config.tls.as_ref(), system_roots())
+        .map_err(|(path, msg)| format!("{path}: {msg}"));
+    PerWorker::new(workers, |_| {
+        pooled(config.connect_timeout, POOL_IDLE, tls.clone())
+    })
+}
+
 /// The system trust store; certificates it holds that rustls cannot parse are skipped,
 /// and an unreadable store leaves `ca_file` as the only trust anchors.
 pub(super) fn system_roots() -> rustls::RootCertStore {

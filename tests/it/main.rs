@@ -54,6 +54,7 @@ mod redis_store;
 mod redis_support;
 mod reload;
 mod replay;
+mod replay_authorization;
 mod replication;
 mod resolve;
 mod retry_after;

@@ -13,11 +13,13 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 mod key_format;
 mod key_from;
 pub(crate) mod reconcile;
+pub(crate) mod replay_authorization;
 mod scope_principal;
 
 use self::key_format::KeyFormatForm;
 use self::key_from::KeyFrom;
 use self::reconcile::{Reconcile, ReconcileForm};
+use self::replay_authorization::{ReplayAuthorization, ReplayAuthorizationForm};
 use self::scope_principal::ScopePrincipalForm;
 use crate::config::error::ConfigError;
 use crate::config::types::http::{
@@ -32,7 +34,7 @@ use crate::idempotency::key::ByPrincipal;
 use crate::idempotency::pointer::JsonPointer;
 use crate::idempotency::source::{self, Found, KeySource, Offered};
 use crate::idempotency::{IdempotencyKey, KeyError, Scope, ScopeId, ScopedKey};
-use crate::principal::{Principal, ScopePrincipal};
+use crate::principal::{BasicPrincipal, Principal, ScopePrincipal};
 
 /// Generates [`Policy`], its `Default`, [`WrittenPolicy`], [`WrittenRoute`], their merging and
 /// the printing of the keys from one declaration per key:
@@ -109,7 +111,7 @@ macro_rules! policy_keys {
                 $(if let Some(value) = self.$key {
                     policy.$key = value.value();
                 })*
-                policy
+                policy.settled()
             }
         }
 
@@ -127,7 +129,7 @@ macro_rules! policy_keys {
                 $(if let Some(value) = self.$key {
                     policy.$key = value.value();
                 })*
-                (self.path.map(|path| path.0), policy)
+                (self.path.map(|path| path.0), policy.settled())
             }
         }
 
@@ -238,6 +240,11 @@ policy_keys! {
         /// Whether a guarded request without a credential is refused
         /// (`401 missing-credentials`) rather than scoped as anonymous.
         require_principal: bool = false, from Flag;
+        /// The request that asks, before every replay, whether the retry's credentials
+        /// still pass (docs/behaviour.md §24): a replay never reaches the upstream that
+        /// checks them. Unset: replays are not checked.
+        replay_authorization: Option<ReplayAuthorization> = None,
+            from ReplayAuthorizationForm;
         /// Request headers that enter the fingerprint besides method, path and body.
         fingerprint_headers: Vec<HeaderName> = vec![header::CONTENT_TYPE],
             from Headers;
@@ -329,6 +336,22 @@ impl WrittenRoute {
 }
 
 impl Policy {
+    /// What a key decides of another once both are merged: a Basic principal is the
+    /// user name alone where `replay_authorization` checks the password before any
+    /// replay, and the user name and a hash of the password otherwise
+    /// (docs/behaviour.md §25).
+    fn settled(mut self) -> Self {
+        let checked = self.replay_authorization.is_some();
+        if let Some(ScopePrincipal::Basic(made_of)) = &mut self.scope_principal {
+            *made_of = if checked {
+                BasicPrincipal::UserAlone
+            } else {
+                BasicPrincipal::UserAndPassword
+            };
+        }
+        self
+    }
+
     /// The key of a request under this policy: the first of its sources that is
     /// present (docs/behaviour.md §9), which must have the policy's `key_format`
     /// (docs/behaviour.md §18). A `fingerprint` key is the request's own, never the

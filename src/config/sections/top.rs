@@ -216,6 +216,11 @@ impl Config {
         }
     }
 
+    /// Every policy: `idempotency`, then each route's.
+    pub fn policies(&self) -> impl Iterator<Item = &Policy> {
+        std::iter::once(&self.idempotency).chain(self.routes.iter().map(|r| &r.policy))
+    }
+
     /// Whether any route (or the default policy) lets duplicates wait for the owner.
     pub fn uses_wait(&self) -> bool {
         std::iter::once(&self.idempotency)

@@ -423,6 +423,7 @@ fn every_key_can_be_overridden() {
         scope_cookies: vec!["session".to_owned(), "sid".to_owned()],
         scope_principal: None,
         require_principal: false,
+        replay_authorization: None,
         replay_drop_headers: vec![header("set-cookie")],
         record_exclude_headers: vec![header("x-session-token")],
         replay_error_headers: vec![

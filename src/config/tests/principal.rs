@@ -154,14 +154,20 @@ fn check_prints_every_key_and_masks_the_secret() {
 
 /// `--check` says what a Basic principal is made of, per policy (docs/behaviour.md §25):
 /// the user name and a hash of the password, or, where `replay_authorization` checks the
-/// password (the switch that key will set), the user name alone.
+/// password, the user name alone.
 #[test]
 fn check_says_what_a_basic_principal_is_made_of() {
     let text = with_minimal(
         "idempotency:\n  scope_principal: {basic: true}\nroutes:\n  - path: /inherits\n  \
-         - path: /trusted\n    scope_principal: {trusted_header: x-user}\n  - path: /checked\n",
+         - path: /trusted\n    scope_principal: {trusted_header: x-user}\n  - path: /checked\n    \
+         replay_authorization: {path: /auth}\n",
     );
-    let mut config = parse_ok(&text);
+    let config = parse_ok(&text);
+    assert_eq!(
+        config.routes[2].policy.scope_principal,
+        Some(ScopePrincipal::Basic(BasicPrincipal::UserAlone)),
+        "set by replay_authorization"
+    );
     let yaml = config.to_yaml();
     assert!(
         yaml.starts_with(
@@ -170,11 +176,11 @@ fn check_says_what_a_basic_principal_is_made_of() {
         ),
         "{yaml}"
     );
-    assert!(!yaml.contains("# routes["), "inherited, said once:\n{yaml}");
+    assert!(
+        !yaml.contains("# routes[0]") && !yaml.contains("# routes[1]"),
+        "inherited, said once:\n{yaml}"
+    );
     assert_eq!(parse_ok(&yaml), config, "the comment loads back as nothing");
-    config.routes[2].policy.scope_principal =
-        Some(ScopePrincipal::Basic(BasicPrincipal::UserAlone));
-    let yaml = config.to_yaml();
     assert!(
         yaml.contains(
             "\n# routes[2]: scope_principal basic: the principal is the user name alone\n#   \

@@ -50,6 +50,11 @@ fn files(dir: &Dir, pki: &Pki) -> Vec<String> {
         format!(
             "{upstream}store:\n  kind: redis\n  urls: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\n"
         ),
+        // `replay_authorization`'s two targets, one of two in each policy.
+        format!(
+            "{upstream}idempotency:\n  replay_authorization: {{path: /auth/check, headers: [authorization]}}\n\
+             routes:\n  - path: /x\n    replay_authorization: {{url: 'https://auth.internal/check'}}\n"
+        ),
         // PostgreSQL's keys, `tls` among them, are printed for `kind: postgres` only.
         format!(
             "{upstream}store:\n  kind: postgres\n  url: postgres://idemgate:pw@127.0.0.1:5432,127.0.0.1:5433/app?target_session_attrs=read-write&sslmode=verify-full\n  tls: {{ca_file: {ca}}}\n",
