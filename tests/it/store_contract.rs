@@ -12,7 +12,7 @@ use http::StatusCode;
 use idemgate::idempotency::{
     Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey, StoredBody,
 };
-use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Replaced, Store};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Replaced, Store, Written};
 
 /// A store under test plus control over the time it sees.
 trait Harness {
@@ -168,6 +168,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         key: lease.key,
         token: OwnerToken::random(),
         claimed_at_ms: 0,
+        written: Written::default(),
     };
     assert_eq!(h.complete(&thief, b"x").await, Fenced::LeaseLost);
     assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
@@ -181,6 +182,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         key: key(9),
         token: OwnerToken::random(),
         claimed_at_ms: 0,
+        written: Written::default(),
     };
     assert_eq!(
         s.release(&nobody).await.expect("release"),
@@ -547,26 +549,53 @@ mod redis_harness {
     use super::*;
     use idemgate::config::Config;
     use idemgate::store::RedisStore;
-    use support::redis::RedisServer;
+    use support::redis::{RedisCluster, RedisServer, Server};
 
-    /// A store on its own redis-server, stopped with the harness.
+    /// A store on its own server or cluster, stopped with the harness.
     pub(crate) struct Redis {
         store: Arc<RedisStore>,
-        _server: RedisServer,
+        _server: Servers,
+    }
+
+    #[allow(dead_code, reason = "held to stop the servers with the harness")]
+    enum Servers {
+        Single(RedisServer),
+        Cluster(RedisCluster),
     }
 
     pub(crate) async fn new() -> Redis {
-        let server = RedisServer::start().await;
+        on(Server::from_env()).await
+    }
+
+    /// A standalone `server` (Redis or Valkey).
+    pub(crate) async fn on(server: Server) -> Redis {
+        let server = RedisServer::start_on(server, &[]).await;
         let yaml = format!(
             "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: redis\n  url: {}\n",
             server.url()
         );
-        let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
-        let store = Arc::new(RedisStore::new(&config.store).expect("store"));
         Redis {
-            store,
-            _server: server,
+            store: store(&yaml),
+            _server: Servers::Single(server),
         }
+    }
+
+    /// A cluster of three masters, each running its entry of `servers`.
+    pub(crate) async fn cluster_of(servers: &[Server]) -> Redis {
+        let cluster = RedisCluster::start_of(servers).await;
+        let yaml = format!(
+            "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: redis\n  cluster: true\n  urls: [{}]\n",
+            cluster.seed_urls().join(", ")
+        );
+        Redis {
+            store: store(&yaml),
+            _server: Servers::Cluster(cluster),
+        }
+    }
+
+    fn store(yaml: &str) -> Arc<RedisStore> {
+        let config = Config::from_yaml_str(yaml, &|_| None).expect("config");
+        Arc::new(RedisStore::new(&config.store).expect("store"))
     }
 
     impl Harness for Redis {
@@ -588,6 +617,28 @@ mod redis_harness {
 }
 
 contract!(redis, redis_harness::new().await, tokio::test);
+// Valkey 9 fences natively (docs/behaviour.md §23); a cluster of Valkey and Redis 7
+// nodes, as in a rolling upgrade, fences natively where a node can.
+contract!(
+    valkey,
+    redis_harness::on(support::redis::Server::Valkey).await,
+    tokio::test
+);
+contract!(
+    valkey_cluster,
+    redis_harness::cluster_of(&[support::redis::Server::Valkey; 3]).await,
+    tokio::test
+);
+contract!(
+    mixed_cluster,
+    redis_harness::cluster_of(&[
+        support::redis::Server::Valkey,
+        support::redis::Server::Redis,
+        support::redis::Server::Valkey,
+    ])
+    .await,
+    tokio::test
+);
 
 mod file_harness {
     use super::*;

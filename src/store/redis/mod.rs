@@ -11,6 +11,7 @@
 
 mod admin;
 mod claim;
+mod fence;
 mod list;
 mod replicas;
 mod sentinel;
@@ -163,6 +164,10 @@ pub struct RedisStore {
     asking: AsyncMutex<()>,
     /// Whether key changes are published for waiters.
     notify: bool,
+    /// A cluster: refusals of the native fencing are remembered per slot.
+    cluster: bool,
+    /// Where the native fencing was refused, or taken in a mixed cluster (`fence.rs`).
+    slots: fence::Slots,
     /// `store.min_replicas`: the `WAIT` after claims and records.
     replicas: replicas::Replicas,
 }
@@ -280,6 +285,8 @@ impl RedisStore {
             claim_mode,
             asking: AsyncMutex::new(()),
             notify: true,
+            cluster: config.cluster,
+            slots: fence::Slots::default(),
             replicas: replicas::Replicas::new(config.min_replicas, config.timeout),
         })
     }
@@ -451,7 +458,7 @@ impl Store for RedisStore {
         let written = self.before_write();
         let mut conn = self.conn().await?;
         // Asked first: on first use it is a round trip, which the lease must not lose.
-        let with = self.claim_with(&mut conn).await?;
+        let with = self.mode(&mut conn).await?.claim;
         let now = now_ms();
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
@@ -481,20 +488,35 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
         let encoded = record.encode();
-        let mut digits = itoa::Buffer::new();
-        let ttl = digits.format(millis(ttl));
+        let ttl_ms = millis(ttl);
         let channel = self.channel(&lease.key);
-        let args: [&[u8]; 4] = [
-            lease.token.as_bytes(),
-            &encoded,
-            ttl.as_bytes(),
-            channel.as_bytes(),
-        ];
+        let key = self.record_key(&lease.key);
         let written = self.before_write();
         let mut conn = self.conn().await?;
-        let done = self
-            .owner_checked_on(&mut conn, &self.scripts.complete, &lease.key, &args)
-            .await?;
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = match lease.written.marker() {
+            Some(marker) if self.native_set(fencing, key.as_bytes()) => {
+                let target = (key.as_str(), fencing.mixed);
+                self.complete_natively(&mut conn, target, &marker, (&encoded, ttl_ms, &channel))
+                    .await?
+            }
+            _ => fence::Native::Refused,
+        };
+        let done = match native {
+            fence::Native::Done(done) => done,
+            fence::Native::Refused => {
+                let mut digits = itoa::Buffer::new();
+                let ttl = digits.format(ttl_ms);
+                let args: [&[u8]; 4] = [
+                    lease.token.as_bytes(),
+                    &encoded,
+                    ttl.as_bytes(),
+                    channel.as_bytes(),
+                ];
+                self.fenced_by_script(&mut conn, &self.scripts.complete, &key, &args)
+                    .await?
+            }
+        };
         if done == Fenced::Done {
             self.record_replicated(&mut conn, written).await;
         }
@@ -503,20 +525,39 @@ impl Store for RedisStore {
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
         let channel = self.channel(&lease.key);
-        self.owner_checked(
-            &self.scripts.release,
-            &lease.key,
-            &[lease.token.as_bytes(), channel.as_bytes()],
-        )
-        .await
+        let key = self.record_key(&lease.key);
+        let mut conn = self.conn().await?;
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = match lease.written.marker() {
+            Some(marker) if self.native_delete(fencing, key.as_bytes()) => {
+                self.release_natively(&mut conn, fencing.delete, &key, &marker, &channel)
+                    .await?
+            }
+            _ => fence::Native::Refused,
+        };
+        match native {
+            fence::Native::Done(done) => Ok(done),
+            fence::Native::Refused => {
+                let args: [&[u8]; 2] = [lease.token.as_bytes(), channel.as_bytes()];
+                self.fenced_by_script(&mut conn, &self.scripts.release, &key, &args)
+                    .await
+            }
+        }
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
-        let deadline = (now_ms() + millis(lease_for)).to_be_bytes();
+        let deadline_ms = now_ms() + millis(lease_for);
+        let deadline = deadline_ms.to_be_bytes();
         let ms = millis(lease_for).to_string();
         let args: [&[u8]; 3] = [lease.token.as_bytes(), &deadline, ms.as_bytes()];
-        self.owner_checked(&self.scripts.renew, &lease.key, &args)
-            .await
+        let renewed = self
+            .owner_checked(&self.scripts.renew, &lease.key, &args)
+            .await?;
+        if renewed == Fenced::Done {
+            // What the script wrote: the marker with this deadline (docs/behaviour.md §23).
+            lease.written.renewed(deadline_ms);
+        }
+        Ok(renewed)
     }
 
     async fn take_over(
