@@ -275,11 +275,13 @@ pub trait Store: Send + Sync + 'static {
         lease_for: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Replace a marker whose lease ended (still holding `stale`) with a fresh marker
-    /// for `req`. `None` when someone else changed the key first.
+    /// Replace a marker whose lease ended (still `stale`, the marker the caller read)
+    /// with a fresh marker for `req`. `None` when someone else changed the key first.
+    /// Its owner token is what counts; a store that compares whole values starts from
+    /// the marker's bytes (docs/behaviour.md §23).
     fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
 

@@ -231,23 +231,28 @@ async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
     let s = h.store();
     let old = h.acquire(1).await;
     let new_token = OwnerToken::random();
+    let (stale, _) = h.marker(1).await;
     assert_eq!(
-        s.take_over(old.token, h.req(1, new_token))
+        s.take_over(stale.clone(), h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "lease still live"
     );
     h.advance(h.lease() + h.lease() / 10).await;
+    let wrong = InFlight {
+        token: OwnerToken::random(),
+        ..stale.clone()
+    };
     assert_eq!(
-        s.take_over(OwnerToken::random(), h.req(1, new_token))
+        s.take_over(wrong, h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "wrong token"
     );
     let lease = s
-        .take_over(old.token, h.req(1, new_token))
+        .take_over(stale, h.req(1, new_token))
         .await
         .expect("take over")
         .expect("taken over");
@@ -279,7 +284,7 @@ async fn late_owner_cannot_overwrite_a_newer_claim<H: Harness>(h: H) {
     let s = h.store();
     let first = h.acquire(1).await;
     h.advance(h.lease() + h.lease() / 5).await;
-    let stale = first.token;
+    let (stale, _) = h.marker(1).await;
     let second = s
         .take_over(stale, h.req(1, OwnerToken::random()))
         .await
@@ -311,11 +316,12 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
     assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
     assert!(woken(w).await, "release wakes watchers");
 
-    let old = h.acquire(3).await;
+    let _old = h.acquire(3).await;
     let w = s.watch(key(3)).await.expect("watch");
     h.advance(h.lease() + h.lease() / 10).await;
+    let (stale, _) = h.marker(3).await;
     let _new = s
-        .take_over(old.token, h.req(3, OwnerToken::random()))
+        .take_over(stale, h.req(3, OwnerToken::random()))
         .await
         .expect("take over")
         .expect("taken");

@@ -40,7 +40,7 @@ const RETRIES: usize = 2;
 /// What a native attempt found.
 pub(super) enum Native {
     Done(Fenced),
-    /// The server refused the command: use the script.
+    /// The server refused the command, or it does not fit the case: use the script.
     Refused,
 }
 
@@ -222,6 +222,63 @@ impl RedisStore {
                 }
                 Value::BulkString(_) | Value::Nil => return Ok(Native::Done(Fenced::LeaseLost)),
                 _ => return Err(StoreError::Protocol("unexpected reply to SET ... IFEQ")),
+            }
+        }
+        Ok(Native::Done(Fenced::LeaseLost))
+    }
+
+    /// The take-over: `SET key new IFEQ stale PX ttl GET`, then `PUBLISH` when a waiter
+    /// can exist. `stale` is the marker the caller read and judged: its lease ended by
+    /// `now_ms`. A marker of the same owner whose bytes differ (re-encoded otherwise, or
+    /// renewed meanwhile) is taken over only if its lease ended too, as the script does.
+    pub(super) async fn take_over_natively(
+        &self,
+        conn: &mut Conn,
+        (key, mixed): (&str, bool),
+        stale: &InFlight,
+        (marker, ttl_ms, channel): (&[u8], u64, &str),
+        now_ms: u64,
+    ) -> Result<Native, StoreError> {
+        if stale.lease_deadline_ms > now_ms {
+            // Not the caller's judgement (the proxy takes over only an ended lease): the
+            // script judges the marker that is there.
+            return Ok(Native::Refused);
+        }
+        let mut expected = stale.encode();
+        for _ in 0..=RETRIES {
+            let mut set = Cmd::with_capacity(9, 24 + key.len() + marker.len() + expected.len());
+            set.arg("SET")
+                .arg(key)
+                .arg(marker)
+                .arg("IFEQ")
+                .arg(&expected[..])
+                .arg("PX")
+                .arg(ttl_ms)
+                .arg("GET");
+            let found = match self.with_publish(conn, key, (set, None), channel).await {
+                Ok((found, _)) => found,
+                Err(err) if refused(&err) => {
+                    self.refused_on(key.as_bytes());
+                    return Ok(Native::Refused);
+                }
+                Err(err) => return Err(unavailable(err)),
+            };
+            self.took_on(key.as_bytes(), mixed);
+            let found = match found {
+                Value::BulkString(found) if found == expected => {
+                    return Ok(Native::Done(Fenced::Done));
+                }
+                Value::BulkString(found) => found,
+                Value::Nil => return Ok(Native::Done(Fenced::LeaseLost)),
+                _ => return Err(StoreError::Protocol("unexpected reply to SET ... IFEQ")),
+            };
+            match Record::decode(Bytes::copy_from_slice(&found)) {
+                Ok(Record::InFlight(now))
+                    if now.token == stale.token && now.lease_deadline_ms <= now_ms =>
+                {
+                    expected = Bytes::from(found);
+                }
+                _ => return Ok(Native::Done(Fenced::LeaseLost)),
             }
         }
         Ok(Native::Done(Fenced::LeaseLost))

@@ -34,7 +34,7 @@ use super::api::{
     Store, StoreError,
 };
 use crate::config::StoreConfig;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
 use crate::worker::PerWorker;
 use claim::Found;
 use version::ClaimMode;
@@ -562,36 +562,54 @@ impl Store for RedisStore {
 
     async fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let claimed_at = now_ms();
         let marker = req.marker(claimed_at).encode();
-        let ttl = millis(req.marker_ttl()).to_string();
+        let ttl_ms = millis(req.marker_ttl());
         let channel = self.channel(&req.key);
-        let now = claimed_at.to_string();
-        let args: [&[u8]; 5] = [
-            stale.as_bytes(),
-            &marker,
-            ttl.as_bytes(),
-            channel.as_bytes(),
-            now.as_bytes(),
-        ];
+        let key = self.record_key(&req.key);
         let written = self.before_write();
         let mut conn = self.conn().await?;
-        Ok(
-            match self
-                .owner_checked_on(&mut conn, &self.scripts.take_over, &req.key, &args)
-                .await?
-            {
-                Fenced::Done => {
-                    // A take-over is a claim: the same WAIT.
-                    self.claim_replicated(&mut conn, written).await?;
-                    Some(req.lease(claimed_at))
-                }
-                Fenced::LeaseLost => None,
-            },
-        )
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = if self.native_set(fencing, key.as_bytes()) {
+            let target = (key.as_str(), fencing.mixed);
+            self.take_over_natively(
+                &mut conn,
+                target,
+                &stale,
+                (&marker, ttl_ms, &channel),
+                claimed_at,
+            )
+            .await?
+        } else {
+            fence::Native::Refused
+        };
+        let done = match native {
+            fence::Native::Done(done) => done,
+            fence::Native::Refused => {
+                let ttl = ttl_ms.to_string();
+                let now = claimed_at.to_string();
+                let args: [&[u8]; 5] = [
+                    stale.token.as_bytes(),
+                    &marker,
+                    ttl.as_bytes(),
+                    channel.as_bytes(),
+                    now.as_bytes(),
+                ];
+                self.fenced_by_script(&mut conn, &self.scripts.take_over, &key, &args)
+                    .await?
+            }
+        };
+        Ok(match done {
+            Fenced::Done => {
+                // A take-over is a claim: the same WAIT.
+                self.claim_replicated(&mut conn, written).await?;
+                Some(req.lease(claimed_at))
+            }
+            Fenced::LeaseLost => None,
+        })
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {
