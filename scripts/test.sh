@@ -77,6 +77,11 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 cargo deny --log-level error check licenses bans sources
 
+# The Redis store tests that run again on Valkey (IDEMGATE_TEST_SERVER=valkey); the store
+# contract and tests/it/redis_fencing.rs name their servers, Valkey among them.
+valkey_tests='test(/^(redis_(store|full|malformed|support)|sentinel|proxy_redis|replication)::/)'
+valkey_status=0
+
 # `failpoints` builds the crash points that tests/it/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
   # The benchmark harness is not a libtest binary; run without arguments it is its own
@@ -84,8 +89,16 @@ if cargo nextest --version >/dev/null 2>&1; then
   # cannot rot. The real measurement is `cargo bench --bench harness` (BENCHMARKS.md).
   # It runs first, so that the test runner's summary closes the output.
   cargo test --bench harness --features failpoints
+  # The Redis store tests again on Valkey 9 (docs/stores.md "Valkey"): every server they
+  # start is valkey-server; the tests that start both name each.
+  IDEMGATE_TEST_SERVER=valkey cargo nextest run --tests --features failpoints --no-fail-fast \
+    -E "$valkey_tests" || valkey_status=$?
   cargo nextest run --lib --bins --tests --examples --features failpoints --no-fail-fast "$@"
 else
+  IDEMGATE_TEST_SERVER=valkey cargo test --test it --features failpoints --no-fail-fast -- \
+    redis_store:: redis_full:: redis_malformed:: redis_support:: sentinel:: proxy_redis:: replication:: \
+    || valkey_status=$?
   # `--all-targets` includes the harness, which runs its smoke check.
   cargo test --all-targets --features failpoints --no-fail-fast "$@"
 fi
+exit "$valkey_status"

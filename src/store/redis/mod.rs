@@ -2,12 +2,14 @@
 //!
 //! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
 //! cluster slot. The hot path is one round trip per replay (the claim, which returns the
-//! record) and two per first execution (claim, then the `complete` script). On Redis 7
-//! the claim is the native `SET NX PX GET`, with a `GETRANGE` pipelined behind it that
-//! proves the write (`claim.rs`); before 7 it is a script (`version.rs`). The
-//! owner-checked scripts run by SHA and are reloaded by redis-rs after `NOSCRIPT`.
-//! Waiters (`on_concurrent: wait`) subscribe to a per-key channel over RESP3 on the same
-//! multiplexed connection; the scripts publish on it when the key changes.
+//! record) and two per first execution (claim, then complete). On Redis 7 the claim is
+//! the native `SET NX PX GET`, with a `GETRANGE` pipelined behind it that proves the
+//! write (`claim.rs`); before 7 it is a script (`version.rs`). On Valkey 9 and Redis 8.4
+//! the complete, the release and the take-over are native compare-and-set commands
+//! (`fence.rs`); elsewhere, and the renewal everywhere, they are owner-checked scripts,
+//! run by SHA and reloaded after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe
+//! to a per-key channel over RESP3 on the same multiplexed connection; a `PUBLISH` on it
+//! (pipelined behind the native command, or the script's own) tells them of a change.
 
 mod admin;
 mod claim;

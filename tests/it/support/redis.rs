@@ -171,6 +171,16 @@ impl RedisServer {
         self.config.server
     }
 
+    /// The commands one completion sends (`MONITOR` names), waiters' notification
+    /// included: the complete script on Redis 7, `SET ... IFEQ` with a `PUBLISH`
+    /// pipelined behind it on Valkey 9 (docs/behaviour.md §23).
+    pub fn completion_commands(&self) -> &'static [&'static str] {
+        match self.config.server {
+            Server::Redis => &["EVALSHA"],
+            Server::Valkey => &["SET", "PUBLISH"],
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
