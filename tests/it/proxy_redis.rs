@@ -414,8 +414,8 @@ async fn a_release_that_failed_is_retried_so_the_key_does_not_turn_outcome_unkno
     redis.resume();
     // The release that timed out is still in the paused server's queue. On Redis 7 it is
     // a script never loaded, which answers NOSCRIPT once resumed, and the background
-    // retry releases the claim; on Valkey 9 it is a native DELIFEQ (docs/behaviour.md
-    // §23), which lands. Either way the key is freed.
+    // retry releases the claim; on Valkey 9 it is a native DELIFEQ, which lands
+    // (docs/behaviour.md §23). Either way the key is freed.
     if redis.server() == Server::Redis {
         proxy
             .state
