@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use idemgate::config::Config;
 use idemgate::idempotency::{Completed, Fingerprint, OwnerToken, Record, ScopedKey, StoredBody};
-use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, RedisStore, Store, Watch};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, RedisStore, Store, Watch, Written};
 use support::redis::{RedisCluster, RedisServer, Server};
 
 /// A waiter woken only by the lease's end would be a failure.
@@ -199,5 +199,51 @@ async fn a_cluster_of_valkey_and_redis_7_nodes_serves_every_key() {
         assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
         let again = acquire(&s, key(n), LEASE).await;
         assert_eq!(complete(&s, &again, b"again").await, Fenced::Done);
+    }
+}
+
+/// A renewal whose answer never came moved the marker's deadline without the lease
+/// knowing: the completion still lands, natively, against the marker it finds with its
+/// own token (docs/behaviour.md §23).
+#[tokio::test]
+async fn a_renewal_the_lease_did_not_hear_of_does_not_lose_it() {
+    for server in [Server::Valkey, Server::Redis] {
+        let server = RedisServer::start_on(server, &[]).await;
+        let s = store(&format!("  url: {}\n", server.url()));
+        let lease = acquire(&s, key(1), LEASE).await;
+        // The same claim renewed through a lease that does not tell the first one.
+        let unheard = Lease {
+            key: lease.key,
+            token: lease.token,
+            claimed_at_ms: lease.claimed_at_ms,
+            written: Written::default(),
+        };
+        assert_eq!(
+            s.renew(&unheard, LEASE * 2).await.expect("renew"),
+            Fenced::Done
+        );
+        let before = scripts(&server);
+        assert_eq!(complete(&s, &lease, b"renewed").await, Fenced::Done);
+        assert_eq!(
+            existing(&s, key(1)).await,
+            Record::Completed(response(b"renewed"))
+        );
+        if server.server() == Server::Valkey {
+            assert_eq!(scripts(&server), before, "completed natively");
+        }
+
+        let lease = acquire(&s, key(2), LEASE).await;
+        let unheard = Lease {
+            key: lease.key,
+            token: lease.token,
+            claimed_at_ms: lease.claimed_at_ms,
+            written: Written::default(),
+        };
+        assert_eq!(
+            s.renew(&unheard, LEASE * 2).await.expect("renew"),
+            Fenced::Done
+        );
+        assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
+        let _ = acquire(&s, key(2), LEASE).await;
     }
 }
