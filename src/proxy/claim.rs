@@ -17,8 +17,8 @@ use crate::error::ProxyError;
 use crate::idempotency::fingerprint::FingerprintRules;
 use crate::idempotency::rules::Rules;
 use crate::idempotency::{
-    AfterTakeOver, Completed, Decision, Fingerprint, OwnerToken, Record, ScopeId, ScopedKey,
-    Streamed, decide,
+    AfterTakeOver, Completed, Decision, Fingerprint, InFlight, OwnerToken, Record, ScopeId,
+    ScopedKey, Streamed, decide,
 };
 use crate::store::{Claim, ClaimRequest, Lease, Opened, Store, StoreError, Watch};
 use crate::telemetry;
@@ -231,7 +231,7 @@ fn in_flight(retry_after: Duration) -> ProxyError {
 async fn take_over<S: Store>(
     state: &Arc<AppState<S>>,
     policy: &Policy,
-    stale: OwnerToken,
+    stale: InFlight,
     claim: ClaimRequest,
     then: AfterTakeOver,
 ) -> Result<Option<Claimed>, ProxyError> {

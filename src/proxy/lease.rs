@@ -279,6 +279,7 @@ mod tests {
             key: ScopedKey::from_bytes([7; 32]),
             token: OwnerToken::random(),
             claimed_at_ms: 0,
+            written: crate::store::Written::default(),
         }
     }
 

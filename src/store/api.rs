@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::seal::Undecryptable;
@@ -49,6 +50,7 @@ impl ClaimRequest {
             key: self.key,
             token: self.token,
             claimed_at_ms: now_ms,
+            written: Written::new(self.marker(now_ms)),
         }
     }
 
@@ -83,7 +85,54 @@ pub struct Lease {
     pub token: OwnerToken,
     /// When the marker was written, on the store's clock: the record's creation time.
     pub claimed_at_ms: u64,
+    /// The marker as this lease last wrote it, for a store that fences by comparing
+    /// whole values (docs/behaviour.md §23).
+    pub written: Written,
 }
+
+/// The in-flight marker a lease's claim wrote, with the deadline its last renewal set:
+/// what a store fencing with a native compare-and-set (`SET ... IFEQ`, `DELIFEQ`)
+/// expects to find under the key (docs/behaviour.md §23). Unknown (the default) for a
+/// lease made by hand; such a store then checks the owner token instead.
+#[derive(Debug, Default)]
+pub struct Written {
+    marker: Option<InFlight>,
+    /// 0 until a renewal: the marker's own deadline holds.
+    renewed_to_ms: AtomicU64,
+}
+
+impl Written {
+    pub fn new(marker: InFlight) -> Self {
+        Self {
+            marker: Some(marker),
+            renewed_to_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The marker as last written: the claim's, with the last renewal's deadline.
+    pub fn marker(&self) -> Option<InFlight> {
+        let renewed = self.renewed_to_ms.load(Ordering::Acquire);
+        self.marker.clone().map(|mut marker| {
+            if renewed != 0 {
+                marker.lease_deadline_ms = renewed;
+            }
+            marker
+        })
+    }
+
+    /// A renewal wrote `deadline_ms` into the marker.
+    pub fn renewed(&self, deadline_ms: u64) {
+        self.renewed_to_ms.store(deadline_ms, Ordering::Release);
+    }
+}
+
+impl PartialEq for Written {
+    fn eq(&self, other: &Self) -> bool {
+        self.marker() == other.marker()
+    }
+}
+
+impl Eq for Written {}
 
 /// What is stored under a key, as the admin API reports it (docs/behaviour.md §13).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,11 +275,13 @@ pub trait Store: Send + Sync + 'static {
         lease_for: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Replace a marker whose lease ended (still holding `stale`) with a fresh marker
-    /// for `req`. `None` when someone else changed the key first.
+    /// Replace a marker whose lease ended (still `stale`, the marker the caller read)
+    /// with a fresh marker for `req`. `None` when someone else changed the key first.
+    /// Its owner token is what counts; a store that compares whole values starts from
+    /// the marker's bytes (docs/behaviour.md §23).
     fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send;
 

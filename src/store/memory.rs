@@ -18,7 +18,7 @@ use super::clock::{Clock, TokioClock};
 use super::quota::Quotas;
 use super::rules::Index;
 use super::waiters::KeyWatch;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopeId, ScopedKey};
+use crate::idempotency::{Completed, InFlight, Record, ScopeId, ScopedKey};
 pub(crate) use shards::{AllShards, Core};
 use shards::{Fx, lock};
 pub use shards::{MemoryShards, MemoryWatch};
@@ -214,10 +214,11 @@ impl<C: Clock, B: Backing> Store for Embedded<C, B> {
 
     async fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let now = self.core.clock.now_ms();
+        let stale = stale.token;
         self.settled(&req.key, |index, fx| index.take_over(stale, &req, now, fx))
             .await
     }

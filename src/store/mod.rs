@@ -17,7 +17,7 @@ mod waiters;
 
 pub use api::{
     Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
-    Store, StoreError, Watch, wall_clock_ms,
+    Store, StoreError, Watch, Written, wall_clock_ms,
 };
 pub use clock::{Clock, TokioClock};
 pub use file::{Disk, FileOptions, FileStore, FileWatch};

@@ -16,7 +16,7 @@ use super::api::{
     Claim, ClaimRequest, Cursor, Fenced, Inspection, Lease, Page, Purged, Replaced, StateFilter,
     Store, StoreError,
 };
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
 use crate::metrics::{StoreOp, StoreTimings};
 
 /// What a layer does around each store call, named by its operation.
@@ -127,7 +127,7 @@ impl<S: Store, A: Around> Store for Layered<S, A> {
 
     async fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let call = self.inner.take_over(stale, req);
@@ -227,7 +227,7 @@ mod tests {
         }
         async fn take_over(
             &self,
-            _: OwnerToken,
+            _: InFlight,
             _: ClaimRequest,
         ) -> Result<Option<Lease>, StoreError> {
             std::future::pending().await

@@ -48,6 +48,7 @@ mod proxy_redis;
 mod readme;
 mod real_upstreams;
 mod reconcile;
+mod redis_fencing;
 mod redis_full;
 mod redis_malformed;
 mod redis_store;

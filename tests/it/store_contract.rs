@@ -12,7 +12,7 @@ use http::StatusCode;
 use idemgate::idempotency::{
     Completed, Fingerprint, InFlight, OwnerToken, Record, ScopedKey, StoredBody,
 };
-use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Replaced, Store};
+use idemgate::store::{Claim, ClaimRequest, Fenced, Lease, Purged, Replaced, Store, Written};
 
 /// A store under test plus control over the time it sees.
 trait Harness {
@@ -168,6 +168,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         key: lease.key,
         token: OwnerToken::random(),
         claimed_at_ms: 0,
+        written: Written::default(),
     };
     assert_eq!(h.complete(&thief, b"x").await, Fenced::LeaseLost);
     assert_eq!(s.release(&thief).await.expect("release"), Fenced::LeaseLost);
@@ -181,6 +182,7 @@ async fn wrong_token_changes_nothing<H: Harness>(h: H) {
         key: key(9),
         token: OwnerToken::random(),
         claimed_at_ms: 0,
+        written: Written::default(),
     };
     assert_eq!(
         s.release(&nobody).await.expect("release"),
@@ -229,23 +231,28 @@ async fn take_over_needs_the_stale_token_and_an_ended_lease<H: Harness>(h: H) {
     let s = h.store();
     let old = h.acquire(1).await;
     let new_token = OwnerToken::random();
+    let (stale, _) = h.marker(1).await;
     assert_eq!(
-        s.take_over(old.token, h.req(1, new_token))
+        s.take_over(stale.clone(), h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "lease still live"
     );
     h.advance(h.lease() + h.lease() / 10).await;
+    let wrong = InFlight {
+        token: OwnerToken::random(),
+        ..stale.clone()
+    };
     assert_eq!(
-        s.take_over(OwnerToken::random(), h.req(1, new_token))
+        s.take_over(wrong, h.req(1, new_token))
             .await
             .expect("take over"),
         None,
         "wrong token"
     );
     let lease = s
-        .take_over(old.token, h.req(1, new_token))
+        .take_over(stale, h.req(1, new_token))
         .await
         .expect("take over")
         .expect("taken over");
@@ -277,7 +284,7 @@ async fn late_owner_cannot_overwrite_a_newer_claim<H: Harness>(h: H) {
     let s = h.store();
     let first = h.acquire(1).await;
     h.advance(h.lease() + h.lease() / 5).await;
-    let stale = first.token;
+    let (stale, _) = h.marker(1).await;
     let second = s
         .take_over(stale, h.req(1, OwnerToken::random()))
         .await
@@ -309,11 +316,12 @@ async fn watchers_wake_on_complete_release_and_take_over<H: Harness>(h: H) {
     assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
     assert!(woken(w).await, "release wakes watchers");
 
-    let old = h.acquire(3).await;
+    let _old = h.acquire(3).await;
     let w = s.watch(key(3)).await.expect("watch");
     h.advance(h.lease() + h.lease() / 10).await;
+    let (stale, _) = h.marker(3).await;
     let _new = s
-        .take_over(old.token, h.req(3, OwnerToken::random()))
+        .take_over(stale, h.req(3, OwnerToken::random()))
         .await
         .expect("take over")
         .expect("taken");
@@ -547,26 +555,53 @@ mod redis_harness {
     use super::*;
     use idemgate::config::Config;
     use idemgate::store::RedisStore;
-    use support::redis::RedisServer;
+    use support::redis::{RedisCluster, RedisServer, Server};
 
-    /// A store on its own redis-server, stopped with the harness.
+    /// A store on its own server or cluster, stopped with the harness.
     pub(crate) struct Redis {
         store: Arc<RedisStore>,
-        _server: RedisServer,
+        _server: Servers,
+    }
+
+    #[allow(dead_code, reason = "held to stop the servers with the harness")]
+    enum Servers {
+        Single(RedisServer),
+        Cluster(RedisCluster),
     }
 
     pub(crate) async fn new() -> Redis {
-        let server = RedisServer::start().await;
+        on(Server::from_env()).await
+    }
+
+    /// A standalone `server` (Redis or Valkey).
+    pub(crate) async fn on(server: Server) -> Redis {
+        let server = RedisServer::start_on(server, &[]).await;
         let yaml = format!(
             "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: redis\n  url: {}\n",
             server.url()
         );
-        let config = Config::from_yaml_str(&yaml, &|_| None).expect("config");
-        let store = Arc::new(RedisStore::new(&config.store).expect("store"));
         Redis {
-            store,
-            _server: server,
+            store: store(&yaml),
+            _server: Servers::Single(server),
         }
+    }
+
+    /// A cluster of three masters, each running its entry of `servers`.
+    pub(crate) async fn cluster_of(servers: &[Server]) -> Redis {
+        let cluster = RedisCluster::start_of(servers).await;
+        let yaml = format!(
+            "upstream:\n  url: http://127.0.0.1:1\nstore:\n  kind: redis\n  cluster: true\n  urls: [{}]\n",
+            cluster.seed_urls().join(", ")
+        );
+        Redis {
+            store: store(&yaml),
+            _server: Servers::Cluster(cluster),
+        }
+    }
+
+    fn store(yaml: &str) -> Arc<RedisStore> {
+        let config = Config::from_yaml_str(yaml, &|_| None).expect("config");
+        Arc::new(RedisStore::new(&config.store).expect("store"))
     }
 
     impl Harness for Redis {
@@ -588,6 +623,28 @@ mod redis_harness {
 }
 
 contract!(redis, redis_harness::new().await, tokio::test);
+// Valkey 9 fences natively (docs/behaviour.md §23); a cluster of Valkey and Redis 7
+// nodes, as in a rolling upgrade, fences natively where a node can.
+contract!(
+    valkey,
+    redis_harness::on(support::redis::Server::Valkey).await,
+    tokio::test
+);
+contract!(
+    valkey_cluster,
+    redis_harness::cluster_of(&[support::redis::Server::Valkey; 3]).await,
+    tokio::test
+);
+contract!(
+    mixed_cluster,
+    redis_harness::cluster_of(&[
+        support::redis::Server::Valkey,
+        support::redis::Server::Redis,
+        support::redis::Server::Valkey,
+    ])
+    .await,
+    tokio::test
+);
 
 mod file_harness {
     use super::*;

@@ -17,7 +17,7 @@ use super::journal::{self, Entry, Journal};
 use super::queue::{Queue, Seat};
 use super::{FileMetrics, Health, gauge, load};
 use crate::idempotency::{OwnerToken, Record, ScopedKey};
-use crate::store::api::{Fenced, Lease};
+use crate::store::api::{Fenced, Lease, Written};
 use crate::store::clock::Clock;
 use crate::store::memory::Core;
 
@@ -208,6 +208,7 @@ impl<C: Clock + Clone> Writer<C> {
                 key: *key,
                 token: *token,
                 claimed_at_ms: 0,
+                written: Written::default(),
             };
             freed += usize::from(self.core.release_at(&*self.queue, &lease, 0) == Fenced::Done);
         }

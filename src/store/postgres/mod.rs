@@ -30,7 +30,7 @@ use super::api::{
     Store, StoreError, millis, wall_clock_ms,
 };
 use crate::config::StoreConfig;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
 pub use schema::{SchemaError, create_statements};
 use sql::{SWEEP_BATCH, Sql};
 use watch::Listener;
@@ -383,11 +383,11 @@ impl Store for PostgresStore {
 
     async fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let id = req.key.id("");
-        let stale: &[u8] = stale.as_bytes();
+        let stale: &[u8] = stale.token.as_bytes();
         let token: &[u8] = req.token.as_bytes();
         let now = now_ms();
         let marker = req.marker(now);

@@ -2,15 +2,18 @@
 //!
 //! Every record is one key, `key_prefix` + 64 hex characters, so nothing crosses a
 //! cluster slot. The hot path is one round trip per replay (the claim, which returns the
-//! record) and two per first execution (claim, then the `complete` script). On Redis 7
-//! the claim is the native `SET NX PX GET`, with a `GETRANGE` pipelined behind it that
-//! proves the write (`claim.rs`); before 7 it is a script (`version.rs`). The
-//! owner-checked scripts run by SHA and are reloaded by redis-rs after `NOSCRIPT`.
-//! Waiters (`on_concurrent: wait`) subscribe to a per-key channel over RESP3 on the same
-//! multiplexed connection; the scripts publish on it when the key changes.
+//! record) and two per first execution (claim, then complete). On Redis 7 the claim is
+//! the native `SET NX PX GET`, with a `GETRANGE` pipelined behind it that proves the
+//! write (`claim.rs`); before 7 it is a script (`version.rs`). On Valkey 9 and Redis 8.4
+//! the complete, the release and the take-over are native compare-and-set commands
+//! (`fence.rs`); elsewhere, and the renewal everywhere, they are owner-checked scripts,
+//! run by SHA and reloaded after `NOSCRIPT`. Waiters (`on_concurrent: wait`) subscribe
+//! to a per-key channel over RESP3 on the same multiplexed connection; a `PUBLISH` on it
+//! (pipelined behind the native command, or the script's own) tells them of a change.
 
 mod admin;
 mod claim;
+mod fence;
 mod list;
 mod replicas;
 mod sentinel;
@@ -33,7 +36,7 @@ use super::api::{
     Store, StoreError,
 };
 use crate::config::StoreConfig;
-use crate::idempotency::{Completed, OwnerToken, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
 use crate::worker::PerWorker;
 use claim::Found;
 use version::ClaimMode;
@@ -163,6 +166,10 @@ pub struct RedisStore {
     asking: AsyncMutex<()>,
     /// Whether key changes are published for waiters.
     notify: bool,
+    /// A cluster: refusals of the native fencing are remembered per slot.
+    cluster: bool,
+    /// Where the native fencing was refused, or taken in a mixed cluster (`fence.rs`).
+    slots: fence::Slots,
     /// `store.min_replicas`: the `WAIT` after claims and records.
     replicas: replicas::Replicas,
 }
@@ -280,6 +287,8 @@ impl RedisStore {
             claim_mode,
             asking: AsyncMutex::new(()),
             notify: true,
+            cluster: config.cluster,
+            slots: fence::Slots::default(),
             replicas: replicas::Replicas::new(config.min_replicas, config.timeout),
         })
     }
@@ -451,7 +460,7 @@ impl Store for RedisStore {
         let written = self.before_write();
         let mut conn = self.conn().await?;
         // Asked first: on first use it is a round trip, which the lease must not lose.
-        let with = self.claim_with(&mut conn).await?;
+        let with = self.mode(&mut conn).await?.claim;
         let now = now_ms();
         let marker = req.marker(now).encode();
         let key = self.record_key(&req.key);
@@ -481,20 +490,35 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<Fenced, StoreError> {
         let encoded = record.encode();
-        let mut digits = itoa::Buffer::new();
-        let ttl = digits.format(millis(ttl));
+        let ttl_ms = millis(ttl);
         let channel = self.channel(&lease.key);
-        let args: [&[u8]; 4] = [
-            lease.token.as_bytes(),
-            &encoded,
-            ttl.as_bytes(),
-            channel.as_bytes(),
-        ];
+        let key = self.record_key(&lease.key);
         let written = self.before_write();
         let mut conn = self.conn().await?;
-        let done = self
-            .owner_checked_on(&mut conn, &self.scripts.complete, &lease.key, &args)
-            .await?;
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = match lease.written.marker() {
+            Some(marker) if self.native_set(fencing, key.as_bytes()) => {
+                let target = (key.as_str(), fencing.mixed);
+                self.complete_natively(&mut conn, target, &marker, (&encoded, ttl_ms, &channel))
+                    .await?
+            }
+            _ => fence::Native::Refused,
+        };
+        let done = match native {
+            fence::Native::Done(done) => done,
+            fence::Native::Refused => {
+                let mut digits = itoa::Buffer::new();
+                let ttl = digits.format(ttl_ms);
+                let args: [&[u8]; 4] = [
+                    lease.token.as_bytes(),
+                    &encoded,
+                    ttl.as_bytes(),
+                    channel.as_bytes(),
+                ];
+                self.fenced_by_script(&mut conn, &self.scripts.complete, &key, &args)
+                    .await?
+            }
+        };
         if done == Fenced::Done {
             self.record_replicated(&mut conn, written).await;
         }
@@ -503,54 +527,91 @@ impl Store for RedisStore {
 
     async fn release(&self, lease: &Lease) -> Result<Fenced, StoreError> {
         let channel = self.channel(&lease.key);
-        self.owner_checked(
-            &self.scripts.release,
-            &lease.key,
-            &[lease.token.as_bytes(), channel.as_bytes()],
-        )
-        .await
+        let key = self.record_key(&lease.key);
+        let mut conn = self.conn().await?;
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = match lease.written.marker() {
+            Some(marker) if self.native_delete(fencing, key.as_bytes()) => {
+                self.release_natively(&mut conn, fencing.delete, &key, &marker, &channel)
+                    .await?
+            }
+            _ => fence::Native::Refused,
+        };
+        match native {
+            fence::Native::Done(done) => Ok(done),
+            fence::Native::Refused => {
+                let args: [&[u8]; 2] = [lease.token.as_bytes(), channel.as_bytes()];
+                self.fenced_by_script(&mut conn, &self.scripts.release, &key, &args)
+                    .await
+            }
+        }
     }
 
     async fn renew(&self, lease: &Lease, lease_for: Duration) -> Result<Fenced, StoreError> {
-        let deadline = (now_ms() + millis(lease_for)).to_be_bytes();
+        let deadline_ms = now_ms() + millis(lease_for);
+        let deadline = deadline_ms.to_be_bytes();
         let ms = millis(lease_for).to_string();
         let args: [&[u8]; 3] = [lease.token.as_bytes(), &deadline, ms.as_bytes()];
-        self.owner_checked(&self.scripts.renew, &lease.key, &args)
-            .await
+        let renewed = self
+            .owner_checked(&self.scripts.renew, &lease.key, &args)
+            .await?;
+        if renewed == Fenced::Done {
+            // What the script wrote: the marker with this deadline (docs/behaviour.md §23).
+            lease.written.renewed(deadline_ms);
+        }
+        Ok(renewed)
     }
 
     async fn take_over(
         &self,
-        stale: OwnerToken,
+        stale: InFlight,
         req: ClaimRequest,
     ) -> Result<Option<Lease>, StoreError> {
         let claimed_at = now_ms();
         let marker = req.marker(claimed_at).encode();
-        let ttl = millis(req.marker_ttl()).to_string();
+        let ttl_ms = millis(req.marker_ttl());
         let channel = self.channel(&req.key);
-        let now = claimed_at.to_string();
-        let args: [&[u8]; 5] = [
-            stale.as_bytes(),
-            &marker,
-            ttl.as_bytes(),
-            channel.as_bytes(),
-            now.as_bytes(),
-        ];
+        let key = self.record_key(&req.key);
         let written = self.before_write();
         let mut conn = self.conn().await?;
-        Ok(
-            match self
-                .owner_checked_on(&mut conn, &self.scripts.take_over, &req.key, &args)
-                .await?
-            {
-                Fenced::Done => {
-                    // A take-over is a claim: the same WAIT.
-                    self.claim_replicated(&mut conn, written).await?;
-                    Some(req.lease(claimed_at))
-                }
-                Fenced::LeaseLost => None,
-            },
-        )
+        let fencing = self.mode(&mut conn).await?.fencing;
+        let native = if self.native_set(fencing, key.as_bytes()) {
+            let target = (key.as_str(), fencing.mixed);
+            self.take_over_natively(
+                &mut conn,
+                target,
+                &stale,
+                (&marker, ttl_ms, &channel),
+                claimed_at,
+            )
+            .await?
+        } else {
+            fence::Native::Refused
+        };
+        let done = match native {
+            fence::Native::Done(done) => done,
+            fence::Native::Refused => {
+                let ttl = ttl_ms.to_string();
+                let now = claimed_at.to_string();
+                let args: [&[u8]; 5] = [
+                    stale.token.as_bytes(),
+                    &marker,
+                    ttl.as_bytes(),
+                    channel.as_bytes(),
+                    now.as_bytes(),
+                ];
+                self.fenced_by_script(&mut conn, &self.scripts.take_over, &key, &args)
+                    .await?
+            }
+        };
+        Ok(match done {
+            Fenced::Done => {
+                // A take-over is a claim: the same WAIT.
+                self.claim_replicated(&mut conn, written).await?;
+                Some(req.lease(claimed_at))
+            }
+            Fenced::LeaseLost => None,
+        })
     }
 
     async fn watch(&self, key: ScopedKey) -> Result<RedisWatch, StoreError> {

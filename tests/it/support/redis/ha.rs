@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    NEXT_DIR, NodeConfig, PORT_ATTEMPTS, READY_TIMEOUT, RedisCluster, RedisServer, StartError,
-    blocking, free_ports, spawn_and_wait,
+    NEXT_DIR, NodeConfig, PORT_ATTEMPTS, READY_TIMEOUT, RedisCluster, RedisServer, Server,
+    StartError, blocking, free_ports, spawn_and_wait,
 };
 
 /// The name the test sentinels monitor their master under.
@@ -33,7 +33,7 @@ impl RedisServer {
         if let Some(password) = master.password() {
             args.extend(["--masterauth", password, "--requirepass", password]);
         }
-        let replica = RedisServer::start_with(&args).await;
+        let replica = RedisServer::start_on(master.server(), &args).await;
         replica
             .wait_info("replication", "master_link_status:up")
             .await;
@@ -98,11 +98,14 @@ pub struct Sentinels {
 impl Sentinels {
     /// Starts three sentinels on `master` and returns once each of them knows the other
     /// two and `replicas` replicas: a failover can then happen.
+    /// The sentinels are the master's own server (`redis-server` or `valkey-server`)
+    /// run with `--sentinel`.
     pub async fn start(master: &RedisServer, replicas: usize) -> Sentinels {
         let mut nodes = Vec::new();
         for _ in 0..3 {
             let (port, password) = (master.port, master.password().map(str::to_owned));
-            nodes.push(blocking(move || launch_sentinel(port, password.as_deref())).await);
+            let server = master.server();
+            nodes.push(blocking(move || launch_sentinel(server, port, password.as_deref())).await);
         }
         let sentinels = Sentinels { nodes };
         let deadline = Instant::now() + READY_TIMEOUT;
@@ -177,7 +180,7 @@ fn field(reply: &str, name: &str) -> Option<u64> {
 static SENTINEL_CONF: AtomicU64 = AtomicU64::new(0);
 
 /// One sentinel on a free port, its configuration file (which it rewrites) in its dir.
-fn launch_sentinel(master_port: u16, password: Option<&str>) -> RedisServer {
+fn launch_sentinel(server: Server, master_port: u16, password: Option<&str>) -> RedisServer {
     let mut last = String::new();
     for _ in 0..PORT_ATTEMPTS {
         let (port, _) = free_ports(false);
@@ -206,6 +209,7 @@ fn launch_sentinel(master_port: u16, password: Option<&str>) -> RedisServer {
         let mut server = RedisServer {
             port,
             config: NodeConfig {
+                server,
                 port,
                 bus_port: None,
                 dir,
@@ -233,7 +237,8 @@ impl RedisCluster {
     /// Three masters with a replica each (`--cluster-replicas 1`), ready once every node
     /// reports `cluster_state:ok` and every replica's link is up.
     pub async fn start_with_replicas() -> RedisCluster {
-        let cluster = blocking(|| RedisCluster::create(6, 1)).await;
+        let server = Server::from_env();
+        let cluster = blocking(move || RedisCluster::create(&[server; 6], 1)).await;
         for node in &cluster.nodes {
             if node.role() == "slave" {
                 node.wait_info("replication", "master_link_status:up").await;
