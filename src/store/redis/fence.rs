@@ -180,6 +180,38 @@ impl RedisStore {
         }
     }
 
+    /// `SET key value IFEQ expected PX ttl GET`, then `PUBLISH` when a waiter can exist:
+    /// what the key held before, or `None` when the server refused the command (then
+    /// remembered, so that the scripts fence there).
+    async fn set_if_equal(
+        &self,
+        conn: &mut Conn,
+        (key, mixed): (&str, bool),
+        (value, expected, ttl_ms): (&[u8], &[u8], u64),
+        channel: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let mut set = Cmd::with_capacity(9, 24 + key.len() + value.len() + expected.len());
+        set.arg("SET")
+            .arg(key)
+            .arg(value)
+            .arg("IFEQ")
+            .arg(expected)
+            .arg("PX")
+            .arg(ttl_ms)
+            .arg("GET");
+        match self.with_publish(conn, key, (set, None), channel).await {
+            Ok((found, _)) => {
+                self.took_on(key.as_bytes(), mixed);
+                Ok(Some(found))
+            }
+            Err(err) if refused(&err) => {
+                self.refused_on(key.as_bytes());
+                Ok(None)
+            }
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
     /// The complete: `SET key record IFEQ marker PX ttl GET`, then `PUBLISH` when a
     /// waiter can exist.
     pub(super) async fn complete_natively(
@@ -191,24 +223,10 @@ impl RedisStore {
     ) -> Result<Native, StoreError> {
         let mut expected = marker.encode();
         for _ in 0..=RETRIES {
-            let mut set = Cmd::with_capacity(9, 24 + key.len() + record.len() + expected.len());
-            set.arg("SET")
-                .arg(key)
-                .arg(record)
-                .arg("IFEQ")
-                .arg(&expected[..])
-                .arg("PX")
-                .arg(ttl_ms)
-                .arg("GET");
-            let found = match self.with_publish(conn, key, (set, None), channel).await {
-                Ok((found, _)) => found,
-                Err(err) if refused(&err) => {
-                    self.refused_on(key.as_bytes());
-                    return Ok(Native::Refused);
-                }
-                Err(err) => return Err(unavailable(err)),
+            let set = (record, &expected[..], ttl_ms);
+            let Some(found) = self.set_if_equal(conn, (key, mixed), set, channel).await? else {
+                return Ok(Native::Refused);
             };
-            self.took_on(key.as_bytes(), mixed);
             match found {
                 Value::BulkString(found) if found == expected => {
                     return Ok(Native::Done(Fenced::Done));
@@ -246,24 +264,10 @@ impl RedisStore {
         }
         let mut expected = stale.encode();
         for _ in 0..=RETRIES {
-            let mut set = Cmd::with_capacity(9, 24 + key.len() + marker.len() + expected.len());
-            set.arg("SET")
-                .arg(key)
-                .arg(marker)
-                .arg("IFEQ")
-                .arg(&expected[..])
-                .arg("PX")
-                .arg(ttl_ms)
-                .arg("GET");
-            let found = match self.with_publish(conn, key, (set, None), channel).await {
-                Ok((found, _)) => found,
-                Err(err) if refused(&err) => {
-                    self.refused_on(key.as_bytes());
-                    return Ok(Native::Refused);
-                }
-                Err(err) => return Err(unavailable(err)),
+            let set = (marker, &expected[..], ttl_ms);
+            let Some(found) = self.set_if_equal(conn, (key, mixed), set, channel).await? else {
+                return Ok(Native::Refused);
             };
-            self.took_on(key.as_bytes(), mixed);
             let found = match found {
                 Value::BulkString(found) if found == expected => {
                     return Ok(Native::Done(Fenced::Done));
