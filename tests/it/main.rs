@@ -42,6 +42,7 @@ mod operations;
 mod postgres_failover;
 mod postgres_store;
 mod postgres_support;
+mod postgres_table;
 mod postgres_tls;
 mod principal;
 mod proxy_redis;
