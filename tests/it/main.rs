@@ -8,6 +8,7 @@ mod admin_keys;
 mod answers;
 mod browser;
 mod chaos;
+mod chaos_scale;
 mod cli;
 mod compose;
 mod concurrency;
