@@ -183,6 +183,9 @@ async fn run(settings: Settings) -> Outcome {
                 tokio::time::sleep(PAUSE).await;
                 replicas[2].signal("CONT").await;
                 paused = Some((stopped - started, first.taken.load(Ordering::SeqCst)));
+                // Its orphaned claims end before the next kill, whose window they would
+                // otherwise widen.
+                tokio::time::sleep(LEASE).await;
             }
         }
         first.allow(settings.keys);

@@ -7,6 +7,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use support::fault::{Fault, Relay};
 use support::postgres::PgServer;
 use support::redis::ha::{MASTER_NAME, Sentinels};
 use support::redis::{RedisCluster, RedisServer};
@@ -21,6 +22,10 @@ const POLL: Duration = Duration::from_millis(20);
 /// The sentinels' `failover-timeout`, set lower than the harness's: a sentinel starts no
 /// failover of the same master within twice this of the last one.
 const SENTINEL_FAILOVER_TIMEOUT_MS: u64 = 2_000;
+/// How late a PostgreSQL standby gets the WAL, as across zones (the lag of
+/// postgres_failover.rs). Redis replicas get theirs unhindered: the sentinels and the
+/// cluster would point them back at the master's own address.
+pub(super) const PG_REPLICATION_LAG: Duration = Duration::from_millis(20);
 
 /// Which store a run fails over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,11 +68,13 @@ pub(super) enum Topology {
         master: usize,
         last_kill: Option<Instant>,
     },
-    /// A primary (`nodes[primary]`) and a standby, synchronous or not.
+    /// A primary (`nodes[primary]`) and a standby, synchronous or not, that streams
+    /// through `link`, which delays the WAL by [`PG_REPLICATION_LAG`].
     Postgres {
-        nodes: [PgServer; 2],
+        nodes: Box<[PgServer; 2]>,
         primary: usize,
         sync: bool,
+        link: Relay,
     },
 }
 
@@ -109,10 +116,14 @@ impl Topology {
                     .start()
                     .await;
                 let standby = primary.standby(!settings.async_standby).await;
+                let link = Relay::start(([127, 0, 0, 1], primary.port).into()).await;
+                standby.stream_through(&primary, link.addr.port()).await;
+                link.set(Fault::Delay(PG_REPLICATION_LAG));
                 Topology::Postgres {
-                    nodes: [primary, standby],
+                    nodes: Box::new([primary, standby]),
                     primary: 0,
                     sync: !settings.async_standby,
+                    link,
                 }
             }
         }
@@ -177,7 +188,15 @@ impl Topology {
                 *last_kill = Some(at);
                 (at, format!("sentinel master :{}", nodes[*master].port))
             }
-            Topology::Postgres { nodes, primary, .. } => {
+            Topology::Postgres {
+                nodes,
+                primary,
+                link,
+                ..
+            } => {
+                // The WAL the link still carries goes with the host.
+                link.reset_all();
+                link.set(Fault::Reset);
                 nodes[*primary].kill_host();
                 (
                     Instant::now(),
@@ -259,11 +278,16 @@ impl Topology {
                 nodes,
                 primary,
                 sync,
+                link,
             } => {
                 let (old, new) = (*primary, 1 - *primary);
                 nodes[new].promote().await;
                 let promoted = Instant::now();
-                nodes[old].rebuild_as_standby_of(&nodes[new], *sync).await;
+                *link = Relay::start(([127, 0, 0, 1], nodes[new].port).into()).await;
+                nodes[old]
+                    .rebuild_as_standby_of(&nodes[new], link.addr.port(), *sync)
+                    .await;
+                link.set(Fault::Delay(PG_REPLICATION_LAG));
                 *primary = new;
                 promoted
             }

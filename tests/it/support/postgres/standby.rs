@@ -68,10 +68,11 @@ impl PgServer {
 impl PgServer {
     /// Brings a server that was killed back as a hot standby of `primary` on its own
     /// port, as an operator re-imaging the old primary after a failover does: its data
-    /// dir is replaced by a `pg_basebackup` of `primary`. With `sync` the primary's
-    /// `synchronous_standby_names` becomes this standby alone. Returns once the primary
-    /// shows it streaming.
-    pub async fn rebuild_as_standby_of(&self, primary: &PgServer, sync: bool) {
+    /// dir is replaced by a `pg_basebackup` of `primary`, taken through `via_port` of
+    /// 127.0.0.1 (the primary's own port, or a relay in front of it), which it then
+    /// streams from. With `sync` the primary's `synchronous_standby_names` becomes this
+    /// standby alone. Returns once the primary shows it streaming.
+    pub async fn rebuild_as_standby_of(&self, primary: &PgServer, via_port: u16, sync: bool) {
         assert!(
             !self.is_running(),
             "postgres on port {} still runs: kill it first",
@@ -90,7 +91,11 @@ impl PgServer {
             rm.arg("-rf").arg(&data);
             let out = run_bounded(rm, READY_TIMEOUT, "rm -rf the old data dir");
             assert!(out.status.success(), "rm -rf {}", data.display());
-            basebackup_into(&at, &dir, &data, &name);
+            let via = Endpoint {
+                port: via_port,
+                dir: at.dir.clone(),
+            };
+            basebackup_into(&via, &dir, &data, &name);
             let auto = data.join("postgresql.auto.conf");
             let mut conf = OpenOptions::new()
                 .append(true)
