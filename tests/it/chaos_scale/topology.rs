@@ -261,7 +261,19 @@ impl Topology {
                     if info_has(&nodes[old], "replication", "master_link_status:up") {
                         break;
                     }
-                    assert!(Instant::now() < deadline, "the old master never followed");
+                    assert!(
+                        Instant::now() < deadline,
+                        "the old master :{} never followed :{}\nits INFO replication:\n{}\nthe new one's:\n{}\nthe sentinels name :{:?}",
+                        nodes[old].port,
+                        port,
+                        nodes[old]
+                            .try_cli(&["INFO", "replication"])
+                            .unwrap_or_default(),
+                        nodes[new]
+                            .try_cli(&["INFO", "replication"])
+                            .unwrap_or_default(),
+                        sentinels.master_port()
+                    );
                 }
                 // The sentinels point the third node at the new master too.
                 while !info_has(&nodes[new], "replication", "connected_slaves:2") {
