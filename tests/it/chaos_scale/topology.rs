@@ -246,6 +246,10 @@ impl Topology {
                     tokio::time::sleep(POLL).await;
                 };
                 let promoted = Instant::now();
+                // Back only once every sentinel names the new master: an empty old master
+                // back during the failover may be kept as the master (no persistence),
+                // and every replica then copies its empty data set.
+                sentinels.wait_master(nodes[new].port, &nodes[new]).await;
                 nodes[old].restart().await;
                 let port = nodes[new].port.to_string();
                 // A sentinel finishing the failover may turn it back into a master: asked
