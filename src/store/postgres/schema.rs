@@ -90,7 +90,10 @@ pub fn create_statements(table: &str) -> Vec<String> {
 
 /// Checks the table, creating it first when it is missing and `create` allows. Several
 /// replicas starting at once create it once: the creation holds an advisory lock
-/// named after the table and looks again under it.
+/// named after the table and looks again under it, in a transaction begun once the lock
+/// is held. (Begun before, it would look with the catalog it had before waiting: a
+/// replica that waited for another's creation would find no table and fail to create
+/// it again, and exit.)
 pub(super) async fn ensure(
     client: &mut Client,
     table: &str,
@@ -105,13 +108,32 @@ pub(super) async fn ensure(
         Found::NoTable if !create => return Err(SchemaError::Missing(table.to_owned())),
         Found::NoTable => {}
     }
+    // A session lock: the caller closes the connection on an error, which releases it.
+    client
+        .execute(
+            "SELECT pg_advisory_lock(hashtext('idemgate table ' || $1))",
+            &[&table],
+        )
+        .await
+        .map_err(db)?;
+    let created = create_under_lock(client, table).await;
+    client
+        .execute(
+            "SELECT pg_advisory_unlock(hashtext('idemgate table ' || $1))",
+            &[&table],
+        )
+        .await
+        .map_err(db)?;
+    created
+}
+
+/// Looks again and creates the table if it is still missing, in one transaction.
+async fn create_under_lock(client: &mut Client, table: &str) -> Result<(), SchemaError> {
+    let db = |source: tokio_postgres::Error| SchemaError::Database {
+        table: table.to_owned(),
+        source: source.into(),
+    };
     let tx = client.transaction().await.map_err(db)?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('idemgate table ' || $1))",
-        &[&table],
-    )
-    .await
-    .map_err(db)?;
     if let Found::Comment(comment) = find(&tx, table).await.map_err(db)? {
         return judge(table, comment);
     }

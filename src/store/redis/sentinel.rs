@@ -12,13 +12,15 @@
 //! - a command did not finish: the store's deadline dropped it, which is what a frozen
 //!   master (or a partition) looks like.
 //!
-//! The next store call then asks the sentinels (one call at a time; the others keep the
-//! current connection meanwhile, and at most one lookup per [`LOOK_AT_MOST_EVERY`]). A
+//! The next store call then asks the sentinels (one call at a time; the others wait for
+//! what it finds, and at most one lookup per [`LOOK_AT_MOST_EVERY`]). Until they name a
+//! master, calls fail rather than go to the old address: the manager reconnects to it by
+//! itself, and an old master restarted empty there answers as a master. A
 //! new address gets a new manager; the claim mode is forgotten (the new master may run
 //! another version) and every waiter is woken, since its subscription was on the old
 //! master, so that it reads the key again and subscribes on the new one. While the
-//! sentinels name no master that answers, calls fail on the old connection or with the
-//! lookup's error, and requests follow `on_unavailable`.
+//! sentinels name no master that answers, calls fail with the lookup's error, and
+//! requests follow `on_unavailable`.
 //!
 //! The master is reached with the TLS, credentials and database of the first sentinel
 //! URL; each sentinel with its own URL's.
@@ -164,19 +166,25 @@ impl Master {
         {
             return Ok(self.wrap(current.clone()));
         }
-        let mut lookup = match (current, self.lookup.try_lock()) {
-            (_, Ok(lookup)) => lookup,
-            // Someone is looking: keep the current connection meanwhile.
-            (Some(current), Err(_)) => return Ok(self.wrap(current)),
-            // Nothing yet: wait for the first lookup.
-            (None, Err(_)) => self.lookup.lock().await,
+        // Someone may be looking: wait for what they find. The current connection showed
+        // a sign of a failover, and it reconnects by itself to its address, where the old
+        // master may be back empty: it is not used until the sentinels name a master.
+        let mut lookup = match self.lookup.try_lock() {
+            Ok(lookup) => lookup,
+            Err(_) => self.lookup.lock().await,
         };
         if let Some(current) = self.current() {
+            if !self.stale.load(Ordering::Acquire) {
+                return Ok(self.wrap(current));
+            }
             let recent = lookup
                 .last
                 .is_some_and(|at| at.elapsed() < LOOK_AT_MOST_EVERY);
-            if recent || !self.stale.load(Ordering::Acquire) {
-                return Ok(self.wrap(current));
+            if recent {
+                return Err(StoreError::Unavailable(
+                    "the Redis master showed a sign of a failover and the sentinels named none yet"
+                        .into(),
+                ));
             }
         }
         lookup.last = Some(Instant::now());
@@ -192,18 +200,15 @@ impl Master {
         let client = match found {
             Ok(Ok(client)) => client,
             failed => {
-                // Look again on the next call (after the pause) while this one goes on
-                // with what it has: a dead master fails it soon enough.
+                // Look again on the next call (after the pause); this one fails, rather
+                // than go to the old address (see above).
                 self.stale.store(true, Ordering::Release);
                 let err = match failed {
                     Ok(Err(err)) => unavailable(err),
                     _ => StoreError::Timeout(self.lookup_timeout),
                 };
                 tracing::warn!(master = %self.name, error = %err, "no master from the sentinels");
-                return match self.current() {
-                    Some(current) => Ok(self.wrap(current)),
-                    None => Err(err),
-                };
+                return Err(err);
             }
         };
         let addr = client.get_connection_info().addr().to_string();

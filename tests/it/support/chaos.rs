@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -49,6 +49,8 @@ pub struct Execution {
     /// The `Authorization` header, i.e. the client's scope.
     pub scope: String,
     pub key: String,
+    /// When the request reached the upstream.
+    pub at: Instant,
 }
 
 #[derive(Debug)]
@@ -155,6 +157,7 @@ async fn execute(
         log.push(Execution {
             scope: scope.clone(),
             key: key.clone(),
+            at: Instant::now(),
         });
         log.len()
     };

@@ -178,6 +178,23 @@ impl PgServer {
         self.take_running("kill9").kill();
     }
 
+    /// SIGKILLs the postmaster and every process it started at once, then reaps it: the
+    /// host is gone. After `kill9` alone a backend runs on until it next waits and may
+    /// still commit and answer a statement; after this nothing of the server answers.
+    pub fn kill_host(&self) {
+        let mut postmaster = self.take_running("kill_host");
+        if let Some(pid) = postmaster.pid() {
+            let mut pids = children_of(pid);
+            pids.push(pid);
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(pids.iter().map(u32::to_string))
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        postmaster.kill();
+    }
+
     /// Starts the server again on its data dir and port (crash recovery after `kill9`),
     /// and waits until it accepts connections. Panics if it still runs.
     pub async fn start_again(&self) {
@@ -325,4 +342,27 @@ impl Drop for PgServer {
         drop(postmaster);
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The processes whose parent is `pid`, from `/proc/*/stat`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces, so from the last `)`.
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
 }

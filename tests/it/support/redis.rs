@@ -216,6 +216,25 @@ impl RedisServer {
         out
     }
 
+    /// [`RedisServer::cli`] that returns `None` instead of panicking when the command
+    /// fails, e.g. on a connection the server closed (Sentinel's `CLIENT KILL` after it
+    /// reconfigures a server), for probes that are repeated anyway.
+    pub fn try_cli(&self, args: &[&str]) -> Option<String> {
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-cli");
+        cmd.args(["-h", "127.0.0.1", "-p", &port, "-e"]);
+        if let Some(password) = &self.config.password {
+            self.own_auths.fetch_add(1, Ordering::SeqCst);
+            cmd.args(["-a", password, "--no-auth-warning"]);
+        }
+        cmd.args(args);
+        let shown = format!("redis-cli -p {port} {}", args.join(" "));
+        let out = run_bounded(cmd, CLI_TIMEOUT, &shown);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
     /// SIGKILL and reap: a crash, nothing is saved.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

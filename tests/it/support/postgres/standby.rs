@@ -6,8 +6,13 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use super::postmaster::{StartError, spawn_and_wait, write_harness_conf};
 use super::programs::{Endpoint, as_postgres, bin, blocking, run_bounded};
-use super::{PgOptions, PgServer, READY_TIMEOUT};
+use super::{POLL_INTERVAL, PgOptions, PgServer, READY_TIMEOUT};
 
 static NEXT_STANDBY: AtomicU64 = AtomicU64::new(0);
 
@@ -60,6 +65,84 @@ impl PgServer {
     }
 }
 
+impl PgServer {
+    /// Brings a server that was killed back as a hot standby of `primary` on its own
+    /// port, as an operator re-imaging the old primary after a failover does: its data
+    /// dir is replaced by a `pg_basebackup` of `primary`, taken through `via_port` of
+    /// 127.0.0.1 (the primary's own port, or a relay in front of it), which it then
+    /// streams from. With `sync` the primary's `synchronous_standby_names` becomes this
+    /// standby alone. Returns once the primary shows it streaming.
+    pub async fn rebuild_as_standby_of(&self, primary: &PgServer, via_port: u16, sync: bool) {
+        assert!(
+            !self.is_running(),
+            "postgres on port {} still runs: kill it first",
+            self.port
+        );
+        let name = format!("node_{}", self.port);
+        let (at, dir, port, options) = (
+            primary.endpoint(),
+            self.dir.clone(),
+            self.port,
+            self.options.clone(),
+        );
+        let data = self.data_dir();
+        let postmaster = blocking(move || {
+            let mut rm = Command::new("rm");
+            rm.arg("-rf").arg(&data);
+            let out = run_bounded(rm, READY_TIMEOUT, "rm -rf the old data dir");
+            assert!(out.status.success(), "rm -rf {}", data.display());
+            let via = Endpoint {
+                port: via_port,
+                dir: at.dir.clone(),
+            };
+            basebackup_into(&via, &dir, &data, &name);
+            let auto = data.join("postgresql.auto.conf");
+            let mut conf = OpenOptions::new()
+                .append(true)
+                .open(&auto)
+                .unwrap_or_else(|e| panic!("open {}: {e}", auto.display()));
+            writeln!(conf, "synchronous_standby_names = ''").expect("write postgresql.auto.conf");
+            write_harness_conf(&dir, port, &options);
+            let deadline = Instant::now() + READY_TIMEOUT;
+            let postmaster = loop {
+                let log = match spawn_and_wait(&dir, port) {
+                    Ok(postmaster) => break postmaster,
+                    Err(StartError::Failed(log)) => {
+                        panic!("the rebuilt standby did not start on port {port}:\n{log}")
+                    }
+                    Err(StartError::AddrInUse(log) | StartError::Busy(log)) => log,
+                };
+                assert!(
+                    Instant::now() < deadline,
+                    "the rebuilt standby could not start on port {port}:\n{log}"
+                );
+                std::thread::sleep(POLL_INTERVAL);
+            };
+            if sync {
+                at.psql(&format!(
+                    "ALTER SYSTEM SET synchronous_standby_names = '{name}'"
+                ));
+                at.psql("SELECT pg_reload_conf()");
+            }
+            let want = if sync {
+                "streaming|sync"
+            } else {
+                "streaming|async"
+            };
+            at.wait_for(
+                &format!(
+                    "SELECT state, sync_state FROM pg_stat_replication \
+                     WHERE application_name = '{name}'"
+                ),
+                want,
+            );
+            postmaster
+        })
+        .await;
+        *self.postmaster() = Some(postmaster);
+    }
+}
+
 fn replicate(primary: &Endpoint, options: PgOptions, sync: bool) -> PgServer {
     let name = format!("standby_{}", NEXT_STANDBY.fetch_add(1, Ordering::SeqCst));
     let mut standby = PgServer::empty(options, Some(name.clone()));
@@ -104,14 +187,18 @@ fn replicate(primary: &Endpoint, options: PgOptions, sync: bool) -> PgServer {
 /// `pg_basebackup -R -X stream` of `primary` into the standby's data dir; `-R` writes
 /// `standby.signal` and a `primary_conninfo` that carries `application_name`.
 fn basebackup(primary: &Endpoint, standby: &PgServer, name: &str) {
-    let mut cmd = as_postgres(&bin("pg_basebackup"), &standby.dir);
+    basebackup_into(primary, &standby.dir, &standby.data_dir(), name);
+}
+
+fn basebackup_into(primary: &Endpoint, dir: &Path, data: &Path, name: &str) {
+    let mut cmd = as_postgres(&bin("pg_basebackup"), dir);
     cmd.arg("-d")
         .arg(format!(
             "host=127.0.0.1 port={} user=postgres application_name={name}",
             primary.port
         ))
         .arg("-D")
-        .arg(standby.data_dir())
+        .arg(data)
         .args(["-R", "-X", "stream", "--checkpoint=fast"]);
     let out = run_bounded(cmd, READY_TIMEOUT, "pg_basebackup");
     assert!(
