@@ -68,7 +68,7 @@
 //!   round trips, `/metrics`.
 //! - [`postgres`]: the throwaway PostgreSQL cluster, and its statement and WAL counters.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12, 16, 27, 29 and 39, PASS or FAIL (informational);
+//! - [`goals`]: the targets of issues 6, 12, 16, 27, 29, 39 and 41, PASS or FAIL (informational);
 //!   issue 16's context-switch targets are shown as withdrawn by issue 29.
 
 #![allow(
@@ -147,6 +147,9 @@ pub(crate) enum TargetKind {
     RedisEnc,
     /// Redis with a replica and `store.min_replicas: 1` (docs/behaviour.md §14).
     RedisReplica,
+    /// A valkey-server of its own, where the complete and the release are Valkey's own
+    /// compare-and-set commands instead of scripts (docs/behaviour.md §23; issue 41).
+    Valkey,
     /// The file store with `fsync: true` (docs/behaviour.md §12).
     File,
     /// The file store with `fsync: false`.
@@ -178,6 +181,7 @@ impl TargetKind {
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
+            TargetKind::Valkey => "idemgate-valkey",
             TargetKind::File => "idemgate-file",
             TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::OtherFile => "other-file",
@@ -212,6 +216,7 @@ impl TargetKind {
                 | TargetKind::Redis
                 | TargetKind::RedisEnc
                 | TargetKind::RedisReplica
+                | TargetKind::Valkey
                 | TargetKind::File
                 | TargetKind::FileNoSync
                 | TargetKind::OtherFile
@@ -434,6 +439,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         mut notes,
         idemgate,
         redis_server,
+        valkey_server,
         nginx,
         postgres,
     } = targets::start(
@@ -463,6 +469,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     report::machine(
         &idemgate,
         redis_server.as_deref(),
+        valkey_server.as_deref(),
         nginx.as_deref(),
         postgres.as_deref(),
     );
@@ -562,6 +569,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
             goals::issue_27(&main);
             goals::issue_31(&main);
             goals::issue_39(&main);
+            goals::issue_41_main(&main);
             if args.scenarios.contains(&Scenario::Upload) {
                 goals::issue_30(&main);
             }
@@ -605,6 +613,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     if judge {
         goals::issue_16(&main, &low);
         goals::issue_29(&main, &low);
+        goals::issue_41_one_connection(&low);
     } else if args.account && !args.smoke {
         println!(
             "\ntargets not judged: an --account run's CPU and latency are inflated by the counting"

@@ -35,6 +35,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       other-file,other-file-nosync: the file store of the binary
                       IDEMGATE_OTHER_BIN, to compare two engines; redis-replica:
                       Redis with a replica and store.min_replicas: 1;
+                      valkey: a valkey-server of its own (PATH, else
+                      target/tools-venv/bin), natively fenced (issue 41);
                       memory-enc,redis-enc: store.encryption on (issue 27; redis-enc
                       shares redis's redis-server under another key_prefix);
                       memory-jwt-rs256,memory-jwt-es256: scope_principal jwt with a
@@ -282,6 +284,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),
+                    "valkey" => Some(TargetKind::Valkey),
                     "file" => Some(TargetKind::File),
                     "file-nosync" => Some(TargetKind::FileNoSync),
                     "other-file" => Some(TargetKind::OtherFile),

@@ -1,5 +1,5 @@
 //! The targets the issues set, checked against the rows of this run: issues 6, 12, 27,
-//! 31 and 39 on the main pass, issues 16 and 29 on both passes. Informational: a `FAIL` is printed,
+//! 31 and 39 on the main pass, issues 16, 29 and 41 on both passes. Informational: a `FAIL` is printed,
 //! and does not fail the run (only the correctness checks do). A smoke run prints none of
 //! them: at its durations they mean nothing, and a passing test run must print no `FAIL`;
 //! nor does an `--account` run, whose counting inflates CPU and latency.
@@ -248,6 +248,38 @@ pub(crate) fn issue_39(rounds: &[Vec<Row>]) {
             );
         }
     }
+}
+
+/// Whether `target` ran in any of `rounds`.
+fn ran(rounds: &[Vec<Row>], target: TargetKind) -> bool {
+    rounds.iter().flatten().any(|r| r.target() == target)
+}
+
+/// The targets of issue 41 on the main pass, when the Valkey target ran: the server's
+/// CPU and idemgate's on Valkey, natively fenced (docs/behaviour.md §23), and the rates
+/// on both servers.
+pub(crate) fn issue_41_main(rounds: &[Vec<Row>]) {
+    if !ran(rounds, TargetKind::Valkey) {
+        return;
+    }
+    println!(
+        "\ntargets of issue 41 (against the plain proxy in the same round){}:",
+        of_rounds(rounds.len()),
+    );
+    check(&ISSUE_41_MAIN, rounds);
+}
+
+/// The targets of issue 41 at one connection, when the Valkey target ran: a `miss`
+/// within two round trips to its own server, measured before it, and 40 µs.
+pub(crate) fn issue_41_one_connection(low_load: &[Vec<Row>]) {
+    if !ran(low_load, TargetKind::Valkey) {
+        return;
+    }
+    println!(
+        "\ntargets of issue 41 at one connection (in round trips to each target's own server, measured before the scenario){}:",
+        of_rounds(low_load.len()),
+    );
+    check(&ISSUE_41_ONE_CONNECTION, low_load);
 }
 
 /// The row of `target` in `scenario` among one round's `rows`.
@@ -738,5 +770,65 @@ const ISSUE_29_ONE_CONNECTION: [Goal; 2] = [
         scenario: Scenario::Hit,
         metric: Metric::P50AboveRtts(1.0),
         bound: 10.0,
+    },
+];
+
+/// Issue 41 on the main pass: what Valkey's native fencing leaves of a `miss`'s cost,
+/// and the rates on both servers.
+const ISSUE_41_MAIN: [Goal; 6] = [
+    Goal {
+        label: "miss on Valkey, valkey-server CPU µs per miss <= 14",
+        target: TargetKind::Valkey,
+        scenario: Scenario::Miss,
+        metric: Metric::RedisCpu,
+        bound: 14.0,
+    },
+    Goal {
+        label: "miss on Valkey, proxy CPU µs/req <= 1.70x the plain proxy's",
+        target: TargetKind::Valkey,
+        scenario: Scenario::Miss,
+        metric: Metric::Cpu,
+        bound: 1.70,
+    },
+    Goal {
+        label: "miss on Valkey, req/s >= 0.60x",
+        target: TargetKind::Valkey,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    Goal {
+        label: "hit on Valkey, req/s >= 0.95x",
+        target: TargetKind::Valkey,
+        scenario: Scenario::Hit,
+        metric: Metric::Rps,
+        bound: 0.95,
+    },
+    Goal {
+        label: "miss on Redis, req/s >= 0.60x",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::Rps,
+        bound: 0.60,
+    },
+    HIT_ON_REDIS,
+];
+
+/// Issue 41 at one connection: a `miss` costs its two round trips and 40 µs more than
+/// the plain proxy, on either server.
+const ISSUE_41_ONE_CONNECTION: [Goal; 2] = [
+    Goal {
+        label: "miss on Valkey at one connection, p50 - base - 2 valkey RTTs <= 40 µs",
+        target: TargetKind::Valkey,
+        scenario: Scenario::Miss,
+        metric: Metric::P50AboveRtts(2.0),
+        bound: 40.0,
+    },
+    Goal {
+        label: "miss on Redis at one connection, p50 - base - 2 Redis RTTs <= 40 µs",
+        target: TargetKind::Redis,
+        scenario: Scenario::Miss,
+        metric: Metric::P50AboveRtts(2.0),
+        bound: 40.0,
     },
 ];

@@ -172,6 +172,16 @@ pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
+/// valkey-server: on `PATH`, else the one scripts/test.sh installs in this worktree's
+/// tools venv (`target/tools-venv/bin`).
+pub(crate) fn valkey_server() -> Option<PathBuf> {
+    on_path("valkey-server").or_else(|| {
+        let venv =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools-venv/bin/valkey-server");
+        venv.is_file().then_some(venv)
+    })
+}
+
 /// The first line a command prints (stdout or stderr), e.g. a version.
 pub(crate) fn first_line(program: &Path, args: &[&str]) -> String {
     match Command::new(program)
