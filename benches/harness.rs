@@ -6,6 +6,7 @@
 //! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
+//! `cargo bench --bench harness -- --seal [--rounds N] [--seal-ops N]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
 //! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
@@ -64,6 +65,7 @@
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
+//! - [`seal`]: the seal mode (ns per seal and per open of a 1 KiB record; issue 41).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters and
 //!   round trips, `/metrics`.
 //! - [`postgres`]: the throwaway PostgreSQL cluster, and its statement and WAL counters.
@@ -107,6 +109,8 @@ mod principal;
 mod procs;
 #[path = "harness/report.rs"]
 mod report;
+#[path = "harness/seal.rs"]
+mod seal;
 #[path = "harness/servers.rs"]
 mod servers;
 #[path = "harness/targets.rs"]
@@ -423,6 +427,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     if let Some(records) = args.open {
         return open::run(records).await;
     }
+    if args.seal {
+        return seal::run(args::seal_plan(args));
+    }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
 
@@ -631,7 +638,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     let memory_ok = memory::run(&args::memory_plan(args)).await?;
     println!("\ndisk mode, smoke size:");
     let disk_ok = disk::run(&args::disk_plan(args)).await?;
-    Ok(ok && memory_ok && disk_ok)
+    println!("\nseal mode, smoke size:");
+    let seal_ok = seal::run(args::seal_plan(args))?;
+    Ok(ok && memory_ok && disk_ok && seal_ok)
 }
 
 /// The keys of one round: none repeats another round's.

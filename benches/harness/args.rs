@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{BoxError, Scenario, TargetKind, disk, memory};
+use crate::{BoxError, Scenario, TargetKind, disk, memory, seal};
 
 pub(crate) const USAGE: &str = "\
 usage: cargo bench --bench harness -- [OPTIONS]
@@ -80,6 +80,10 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --nosync            --disk: fsync: false
   --open N            instead: the time the file store takes to open with N live
                       records (written first through the library, fsync: false)
+  --seal              instead: ns per Keyring::seal and per Keyring::open of a
+                      record with a 1 KiB body, one thread, the median of
+                      --rounds rounds [7; smoke 5] (issue 41 item 4)
+  --seal-ops N        --seal: calls of each per round           [20000; smoke 200]
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// How a pass drives each (target, scenario).
@@ -148,6 +152,12 @@ pub(crate) struct Args {
     low_load_only: bool,
     /// `--rounds`: how many times each pass runs.
     pub(crate) rounds: usize,
+    /// `--rounds` was given (`--seal` has its own default).
+    rounds_set: bool,
+    /// `--seal`: the seal mode instead of the scenarios.
+    pub(crate) seal: bool,
+    /// `--seal-ops`: its calls per round.
+    seal_ops: Option<usize>,
     pub(crate) smoke: bool,
     /// `--account`: syscalls and allocations per request, in every measured window.
     pub(crate) account: bool,
@@ -182,6 +192,9 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         low_load: None,
         low_load_only: false,
         rounds: 1,
+        rounds_set: false,
+        seal: false,
+        seal_ops: None,
         smoke,
         account: false,
         targets: [
@@ -255,7 +268,18 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             "--low-load-warmup" => low_warmup = Some(seconds(value()?)?),
             "--low-load-only" => args.low_load_only = true,
             "--no-low-load" => no_low_load = true,
+            "--seal" => args.seal = true,
+            "--seal-ops" => {
+                let v = value()?;
+                args.seal_ops = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=10_000_000).contains(n))
+                        .ok_or_else(|| format!("--seal-ops: 1..=10000000, not {v}"))?,
+                );
+            }
             "--rounds" => {
+                args.rounds_set = true;
                 let v = value()?;
                 args.rounds = v
                     .parse()
@@ -402,5 +426,21 @@ pub(crate) fn disk_plan(args: &Args) -> disk::Plan {
         fsync: !args.nosync,
         log_level: args.log_level.clone(),
         smoke: args.smoke,
+    }
+}
+
+/// The seal mode's plan: 7 rounds of 20000 calls each (a smoke run: 5 of 200).
+pub(crate) fn seal_plan(args: &Args) -> seal::Plan {
+    seal::Plan {
+        rounds: if args.rounds_set {
+            args.rounds
+        } else if args.smoke {
+            5
+        } else {
+            7
+        },
+        ops: args
+            .seal_ops
+            .unwrap_or(if args.smoke { 200 } else { 20_000 }),
     }
 }

@@ -144,6 +144,9 @@ pub(crate) fn issue_27(rounds: &[Vec<Row>]) {
         of_rounds(rounds.len()),
     );
     relative(&ISSUE_27, rounds);
+    println!(
+        "  (encryption's lines are for information since issue 41, which judges it per operation: --seal)"
+    );
 }
 
 /// The targets of issue 31, on the main pass: what exporting every span costs
