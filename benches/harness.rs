@@ -143,6 +143,8 @@ pub(crate) enum TargetKind {
     /// The memory store with `telemetry.otlp` (`sample_ratio: 1.0`) exporting every
     /// request's spans to a sink in the harness (docs/behaviour.md §20): what traces cost.
     MemoryOtlp,
+    /// The same with `sample_ratio: 0.1`: one trace in ten exported (issue 41).
+    MemoryOtlpTenth,
     /// The memory store with `replay_authorization: {path: /auth/check}` on the same
     /// upstream (docs/behaviour.md §24): what a check before every replay costs.
     MemoryAuthz,
@@ -181,6 +183,7 @@ impl TargetKind {
             TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
             TargetKind::MemoryJwtRaw => "idemgate-memory-jwt-raw",
             TargetKind::MemoryOtlp => "idemgate-memory-otlp",
+            TargetKind::MemoryOtlpTenth => "idemgate-memory-otlp-0.1",
             TargetKind::MemoryAuthz => "idemgate-memory-authz",
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
@@ -216,6 +219,7 @@ impl TargetKind {
                 | TargetKind::MemoryJwtEs256
                 | TargetKind::MemoryJwtRaw
                 | TargetKind::MemoryOtlp
+                | TargetKind::MemoryOtlpTenth
                 | TargetKind::MemoryAuthz
                 | TargetKind::Redis
                 | TargetKind::RedisEnc

@@ -45,7 +45,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       the raw header, the reference of the JWT goals; memory-otlp:
                       telemetry.otlp exporting every span (sample_ratio 1.0) to a
                       sink in the harness, against memory (issue 31; the smoke run
-                      includes it); memory-authz: replay_authorization on the
+                      includes it); memory-otlp-0.1: the same with sample_ratio
+                      0.1 (issue 41); memory-authz: replay_authorization on the
                       same upstream before every replay (the upstream answers its
                       /auth/check 204); postgres,postgres-async: the PostgreSQL store on
                       a throwaway cluster the harness starts (initdb from the
@@ -304,6 +305,7 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
                     "memory-jwt-raw" => Some(TargetKind::MemoryJwtRaw),
                     "memory-otlp" => Some(TargetKind::MemoryOtlp),
+                    "memory-otlp-0.1" => Some(TargetKind::MemoryOtlpTenth),
                     "memory-authz" => Some(TargetKind::MemoryAuthz),
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),

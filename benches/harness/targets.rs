@@ -180,7 +180,9 @@ pub(crate) async fn start(
         }
     };
     // The sink of the traced target, in this process for the whole run.
-    let otlp = if wanted.contains(&TargetKind::MemoryOtlp) {
+    let otlp = if wanted.contains(&TargetKind::MemoryOtlp)
+        || wanted.contains(&TargetKind::MemoryOtlpTenth)
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let sink = listener.local_addr()?;
         tokio::spawn(servers::otlp_sink(listener));
@@ -197,6 +199,7 @@ pub(crate) async fn start(
         TargetKind::MemoryJwtEs256,
         TargetKind::MemoryJwtRaw,
         TargetKind::MemoryOtlp,
+        TargetKind::MemoryOtlpTenth,
         TargetKind::MemoryAuthz,
     ] {
         if !wanted.contains(&kind) {
@@ -221,7 +224,11 @@ pub(crate) async fn start(
         let tuning = Tuning {
             encryption: kind == TargetKind::MemoryEnc,
             jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
-            otlp: otlp.filter(|_| kind == TargetKind::MemoryOtlp),
+            otlp: otlp.and_then(|sink| match kind {
+                TargetKind::MemoryOtlp => Some((sink, 1.0)),
+                TargetKind::MemoryOtlpTenth => Some((sink, 0.1)),
+                _ => None,
+            }),
             replay_authorization: kind == TargetKind::MemoryAuthz,
             ..Tuning::default()
         };
