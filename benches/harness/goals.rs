@@ -387,50 +387,80 @@ fn line(met: Option<bool>, value: &str, label: &str) {
     println!("  {verdict:<4}  {value:>8}  {label}");
 }
 
-/// The target of issue 30, when the upload scenario ran: streaming 8 MiB bodies through
-/// idemgate while hashing them keeps 90 % of the plain proxy's throughput
-/// (docs/behaviour.md §19).
+/// The target of issue 30 as issue 41 restates it, when the upload scenario ran:
+/// idemgate's CPU per upload at most 1.15× the plain proxy's plus what SHA-256 of the
+/// body takes on this machine, measured here in this process (docs/behaviour.md §19:
+/// a streamed body is hashed once, as it passes). The req/s ratio of the first goal
+/// (0.90×) is printed for information: on a machine whose cores the client and the
+/// upstream share, hashing 8 MiB costs more than the plain proxy's whole forwarding.
 pub(crate) fn issue_30(rounds: &[Vec<Row>]) {
     println!(
-        "\ntargets of issue 30 (ratios to the plain proxy in the same round){}:",
+        "\ntargets of issue 30, as issue 41 restates them (idemgate CPU per upload against the plain proxy's plus SHA-256 of the body, in the same round){}:",
         of_rounds(rounds.len()),
     );
-    let ran = |target: TargetKind| {
-        rounds
+    let sha_us = sha256_us(&crate::load::upload_body(), SHA_RUNS);
+    println!(
+        "  info  {:>8}  SHA-256 (sha2) of the {} MiB upload body in this process, the median of {SHA_RUNS}",
+        format!("{:.2} ms", sha_us / 1e3),
+        crate::load::upload_body().len() >> 20,
+    );
+    for (target, store) in [
+        (TargetKind::Memory, "memory"),
+        (TargetKind::Redis, "Redis"),
+        (TargetKind::File, "file"),
+        (TargetKind::Valkey, "Valkey"),
+    ] {
+        let pairs: Vec<(&Row, &Row)> = rounds
             .iter()
-            .flatten()
-            .any(|r| r.target() == target && r.scenario() == Scenario::Upload)
-    };
-    let goals: Vec<Goal> = ISSUE_30
-        .into_iter()
-        .filter(|goal| ran(goal.target))
-        .collect();
-    check(&goals, rounds);
+            .filter_map(|rows| {
+                Some((
+                    row_of(rows, target, Scenario::Upload)?,
+                    base(rows, Scenario::Upload)?,
+                ))
+            })
+            .collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        let of = |f: &dyn Fn(&Row, &Row) -> f64| {
+            median(&pairs.iter().map(|(row, b)| f(row, b)).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+        };
+        let (cpu, plain) = (of(&|row, _| row.cpu_us()), of(&|_, b| b.cpu_us()));
+        println!(
+            "  info  {:>8}  upload on {store}, req/s (issue 30's 0.90x, for information); idemgate {:.2} ms CPU per upload, the plain proxy {:.2} ms, SHA-256 {:.2} ms (medians)",
+            format!("{:.2}×", of(&|row, b| ratio(row.rps(), b.rps()))),
+            cpu / 1e3,
+            plain / 1e3,
+            sha_us / 1e3,
+        );
+        let values: Vec<f64> = pairs
+            .iter()
+            .map(|(row, b)| ratio(row.cpu_us(), b.cpu_us() + sha_us))
+            .collect();
+        let label = format!(
+            "upload on {store}, idemgate CPU per upload <= 1.15x (the plain proxy's + SHA-256 of the body)"
+        );
+        judge(&values, Metric::Cpu, 1.15, &label);
+    }
 }
 
-const ISSUE_30: [Goal; 3] = [
-    Goal {
-        label: "upload on memory, req/s >= 0.90x",
-        target: TargetKind::Memory,
-        scenario: Scenario::Upload,
-        metric: Metric::Rps,
-        bound: 0.90,
-    },
-    Goal {
-        label: "upload on Redis, req/s >= 0.90x",
-        target: TargetKind::Redis,
-        scenario: Scenario::Upload,
-        metric: Metric::Rps,
-        bound: 0.90,
-    },
-    Goal {
-        label: "upload on file, req/s >= 0.90x",
-        target: TargetKind::File,
-        scenario: Scenario::Upload,
-        metric: Metric::Rps,
-        bound: 0.90,
-    },
-];
+/// How many times the upload body is hashed for [`sha256_us`].
+const SHA_RUNS: usize = 9;
+
+/// The median time SHA-256 (the sha2 crate, which idemgate's fingerprint uses) takes
+/// over `body` on this thread, in µs, of `runs` runs.
+fn sha256_us(body: &[u8], runs: usize) -> f64 {
+    use sha2::Digest;
+    let times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            let digest = sha2::Sha256::digest(std::hint::black_box(body));
+            std::hint::black_box(digest);
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    median(&times).unwrap_or(f64::NAN)
+}
 
 // Goals that several issues set (6 and 12, 16, 29), judged under each: one definition.
 const HIT_ON_MEMORY: Goal = Goal {
