@@ -15,9 +15,10 @@
 //! file store of another binary, Redis with a replica, the memory and Redis stores with
 //! `store.encryption` (`memory-enc`, `redis-enc`), and the memory store scoped by the
 //! principal of a bearer JWT whose keys and tokens are made at start (`memory-jwt-rs256`,
-//! `memory-jwt-es256`; docs/behaviour.md §17), and the PostgreSQL store on a throwaway
+//! `memory-jwt-es256`; docs/behaviour.md §17), the PostgreSQL store on a throwaway
 //! cluster of its own, with and without synchronous commit (`postgres`,
-//! `postgres-async`; docs/behaviour.md §22). It then drives each target
+//! `postgres-async`; docs/behaviour.md §22), and a valkey-server of its own, natively
+//! fenced (`valkey`; docs/behaviour.md §23). It then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands, PostgreSQL statements and file-store
 //! flushes per request, the store server's CPU per request, and the targets of issues 6
