@@ -6,6 +6,7 @@
 //! `cargo bench --bench harness -- --low-load-only [--duration SECS]`
 //! `cargo bench --bench harness -- --memory [--entries N] [--duration SECS]`
 //! `cargo bench --bench harness -- --disk [--ttl SECS] [--nosync] [--duration SECS]`
+//! `cargo bench --bench harness -- --seal [--rounds N] [--seal-ops N]`
 //!
 //! Starts, all on 127.0.0.1 free ports: an upstream (in this process), the baseline
 //! plain proxy (this binary again, `--plain-proxy`), idemgate on the memory store, on
@@ -14,9 +15,10 @@
 //! file store of another binary, Redis with a replica, the memory and Redis stores with
 //! `store.encryption` (`memory-enc`, `redis-enc`), and the memory store scoped by the
 //! principal of a bearer JWT whose keys and tokens are made at start (`memory-jwt-rs256`,
-//! `memory-jwt-es256`; docs/behaviour.md §17), and the PostgreSQL store on a throwaway
+//! `memory-jwt-es256`; docs/behaviour.md §17), the PostgreSQL store on a throwaway
 //! cluster of its own, with and without synchronous commit (`postgres`,
-//! `postgres-async`; docs/behaviour.md §22). It then drives each target
+//! `postgres-async`; docs/behaviour.md §22), and a valkey-server of its own, natively
+//! fenced (`valkey`; docs/behaviour.md §23). It then drives each target
 //! in turn with the load generator and prints requests/s, p50 and p99 as ratios to the
 //! baseline measured in the same run, Redis commands, PostgreSQL statements and file-store
 //! flushes per request, the store server's CPU per request, and the targets of issues 6
@@ -64,11 +66,12 @@
 //! - [`load`]: the load generator and its latency histogram.
 //! - [`memory`]: the memory mode (footprint per entry, RSS over a long `miss` run).
 //! - [`disk`]: the disk mode (the file store's directory under fresh keys, short ttl).
+//! - [`seal`]: the seal mode (ns per seal and per open of a 1 KiB record; issue 41).
 //! - [`procs`]: child processes with stop-on-drop guards, configs, Redis counters and
 //!   round trips, `/metrics`.
 //! - [`postgres`]: the throwaway PostgreSQL cluster, and its statement and WAL counters.
 //! - [`report`]: the tables and the correctness checks.
-//! - [`goals`]: the targets of issues 6, 12, 16, 27, 29 and 39, PASS or FAIL (informational);
+//! - [`goals`]: the targets of issues 6, 12, 16, 27, 29, 39 and 41, PASS or FAIL (informational);
 //!   issue 16's context-switch targets are shown as withdrawn by issue 29.
 
 #![allow(
@@ -107,6 +110,8 @@ mod principal;
 mod procs;
 #[path = "harness/report.rs"]
 mod report;
+#[path = "harness/seal.rs"]
+mod seal;
 #[path = "harness/servers.rs"]
 mod servers;
 #[path = "harness/targets.rs"]
@@ -139,6 +144,8 @@ pub(crate) enum TargetKind {
     /// The memory store with `telemetry.otlp` (`sample_ratio: 1.0`) exporting every
     /// request's spans to a sink in the harness (docs/behaviour.md §20): what traces cost.
     MemoryOtlp,
+    /// The same with `sample_ratio: 0.1`: one trace in ten exported (issue 41).
+    MemoryOtlpTenth,
     /// The memory store with `replay_authorization: {path: /auth/check}` on the same
     /// upstream (docs/behaviour.md §24): what a check before every replay costs.
     MemoryAuthz,
@@ -147,6 +154,9 @@ pub(crate) enum TargetKind {
     RedisEnc,
     /// Redis with a replica and `store.min_replicas: 1` (docs/behaviour.md §14).
     RedisReplica,
+    /// A valkey-server of its own, where the complete and the release are Valkey's own
+    /// compare-and-set commands instead of scripts (docs/behaviour.md §23; issue 41).
+    Valkey,
     /// The file store with `fsync: true` (docs/behaviour.md §12).
     File,
     /// The file store with `fsync: false`.
@@ -174,10 +184,12 @@ impl TargetKind {
             TargetKind::MemoryJwtEs256 => "idemgate-memory-jwt-es256",
             TargetKind::MemoryJwtRaw => "idemgate-memory-jwt-raw",
             TargetKind::MemoryOtlp => "idemgate-memory-otlp",
+            TargetKind::MemoryOtlpTenth => "idemgate-memory-otlp-0.1",
             TargetKind::MemoryAuthz => "idemgate-memory-authz",
             TargetKind::Redis => "idemgate-redis",
             TargetKind::RedisEnc => "idemgate-redis-enc",
             TargetKind::RedisReplica => "idemgate-redis-replica",
+            TargetKind::Valkey => "idemgate-valkey",
             TargetKind::File => "idemgate-file",
             TargetKind::FileNoSync => "idemgate-file-nosync",
             TargetKind::OtherFile => "other-file",
@@ -208,10 +220,12 @@ impl TargetKind {
                 | TargetKind::MemoryJwtEs256
                 | TargetKind::MemoryJwtRaw
                 | TargetKind::MemoryOtlp
+                | TargetKind::MemoryOtlpTenth
                 | TargetKind::MemoryAuthz
                 | TargetKind::Redis
                 | TargetKind::RedisEnc
                 | TargetKind::RedisReplica
+                | TargetKind::Valkey
                 | TargetKind::File
                 | TargetKind::FileNoSync
                 | TargetKind::OtherFile
@@ -418,6 +432,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     if let Some(records) = args.open {
         return open::run(records).await;
     }
+    if args.seal {
+        return seal::run(args::seal_plan(args));
+    }
     // Dropped last: the processes below write their logs into it until they stop.
     let dir = TempDir::new()?;
 
@@ -434,6 +451,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
         mut notes,
         idemgate,
         redis_server,
+        valkey_server,
         nginx,
         postgres,
     } = targets::start(
@@ -463,6 +481,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     report::machine(
         &idemgate,
         redis_server.as_deref(),
+        valkey_server.as_deref(),
         nginx.as_deref(),
         postgres.as_deref(),
     );
@@ -562,6 +581,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
             goals::issue_27(&main);
             goals::issue_31(&main);
             goals::issue_39(&main);
+            goals::issue_41_main(&main);
             if args.scenarios.contains(&Scenario::Upload) {
                 goals::issue_30(&main);
             }
@@ -605,6 +625,7 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     if judge {
         goals::issue_16(&main, &low);
         goals::issue_29(&main, &low);
+        goals::issue_41_one_connection(&low);
     } else if args.account && !args.smoke {
         println!(
             "\ntargets not judged: an --account run's CPU and latency are inflated by the counting"
@@ -622,7 +643,9 @@ async fn bench(args: &Args) -> Result<bool, BoxError> {
     let memory_ok = memory::run(&args::memory_plan(args)).await?;
     println!("\ndisk mode, smoke size:");
     let disk_ok = disk::run(&args::disk_plan(args)).await?;
-    Ok(ok && memory_ok && disk_ok)
+    println!("\nseal mode, smoke size:");
+    let seal_ok = seal::run(args::seal_plan(args))?;
+    Ok(ok && memory_ok && disk_ok && seal_ok)
 }
 
 /// The keys of one round: none repeats another round's.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{BoxError, Scenario, TargetKind, disk, memory};
+use crate::{BoxError, Scenario, TargetKind, disk, memory, seal};
 
 pub(crate) const USAGE: &str = "\
 usage: cargo bench --bench harness -- [OPTIONS]
@@ -35,6 +35,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       other-file,other-file-nosync: the file store of the binary
                       IDEMGATE_OTHER_BIN, to compare two engines; redis-replica:
                       Redis with a replica and store.min_replicas: 1;
+                      valkey: a valkey-server of its own (PATH, else
+                      target/tools-venv/bin), natively fenced (issue 41);
                       memory-enc,redis-enc: store.encryption on (issue 27; redis-enc
                       shares redis's redis-server under another key_prefix);
                       memory-jwt-rs256,memory-jwt-es256: scope_principal jwt with a
@@ -43,7 +45,8 @@ usage: cargo bench --bench harness -- [OPTIONS]
                       the raw header, the reference of the JWT goals; memory-otlp:
                       telemetry.otlp exporting every span (sample_ratio 1.0) to a
                       sink in the harness, against memory (issue 31; the smoke run
-                      includes it); memory-authz: replay_authorization on the
+                      includes it); memory-otlp-0.1: the same with sample_ratio
+                      0.1 (issue 41); memory-authz: replay_authorization on the
                       same upstream before every replay (the upstream answers its
                       /auth/check 204); postgres,postgres-async: the PostgreSQL store on
                       a throwaway cluster the harness starts (initdb from the
@@ -78,6 +81,10 @@ usage: cargo bench --bench harness -- [OPTIONS]
   --nosync            --disk: fsync: false
   --open N            instead: the time the file store takes to open with N live
                       records (written first through the library, fsync: false)
+  --seal              instead: ns per Keyring::seal and per Keyring::open of a
+                      record with a 1 KiB body, one thread, the median of
+                      --rounds rounds [7; smoke 5] (issue 41 item 4)
+  --seal-ops N        --seal: calls of each per round           [20000; smoke 200]
   harness --plain-proxy LISTEN UPSTREAM_URL   (internal: the baseline proxy)";
 
 /// How a pass drives each (target, scenario).
@@ -146,6 +153,12 @@ pub(crate) struct Args {
     low_load_only: bool,
     /// `--rounds`: how many times each pass runs.
     pub(crate) rounds: usize,
+    /// `--rounds` was given (`--seal` has its own default).
+    rounds_set: bool,
+    /// `--seal`: the seal mode instead of the scenarios.
+    pub(crate) seal: bool,
+    /// `--seal-ops`: its calls per round.
+    seal_ops: Option<usize>,
     pub(crate) smoke: bool,
     /// `--account`: syscalls and allocations per request, in every measured window.
     pub(crate) account: bool,
@@ -180,6 +193,9 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
         low_load: None,
         low_load_only: false,
         rounds: 1,
+        rounds_set: false,
+        seal: false,
+        seal_ops: None,
         smoke,
         account: false,
         targets: [
@@ -253,7 +269,18 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
             "--low-load-warmup" => low_warmup = Some(seconds(value()?)?),
             "--low-load-only" => args.low_load_only = true,
             "--no-low-load" => no_low_load = true,
+            "--seal" => args.seal = true,
+            "--seal-ops" => {
+                let v = value()?;
+                args.seal_ops = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| (1..=10_000_000).contains(n))
+                        .ok_or_else(|| format!("--seal-ops: 1..=10000000, not {v}"))?,
+                );
+            }
             "--rounds" => {
+                args.rounds_set = true;
                 let v = value()?;
                 args.rounds = v
                     .parse()
@@ -278,10 +305,12 @@ pub(crate) fn parse(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "memory-jwt-es256" => Some(TargetKind::MemoryJwtEs256),
                     "memory-jwt-raw" => Some(TargetKind::MemoryJwtRaw),
                     "memory-otlp" => Some(TargetKind::MemoryOtlp),
+                    "memory-otlp-0.1" => Some(TargetKind::MemoryOtlpTenth),
                     "memory-authz" => Some(TargetKind::MemoryAuthz),
                     "redis" => Some(TargetKind::Redis),
                     "redis-enc" => Some(TargetKind::RedisEnc),
                     "redis-replica" => Some(TargetKind::RedisReplica),
+                    "valkey" => Some(TargetKind::Valkey),
                     "file" => Some(TargetKind::File),
                     "file-nosync" => Some(TargetKind::FileNoSync),
                     "other-file" => Some(TargetKind::OtherFile),
@@ -399,5 +428,21 @@ pub(crate) fn disk_plan(args: &Args) -> disk::Plan {
         fsync: !args.nosync,
         log_level: args.log_level.clone(),
         smoke: args.smoke,
+    }
+}
+
+/// The seal mode's plan: 7 rounds of 20000 calls each (a smoke run: 5 of 200).
+pub(crate) fn seal_plan(args: &Args) -> seal::Plan {
+    seal::Plan {
+        rounds: if args.rounds_set {
+            args.rounds
+        } else if args.smoke {
+            5
+        } else {
+            7
+        },
+        ops: args
+            .seal_ops
+            .unwrap_or(if args.smoke { 200 } else { 20_000 }),
     }
 }

@@ -83,7 +83,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
     .await?;
     let store_dir = procs::file_store_dir(dir.path(), plan.fsync);
     if !plan.smoke {
-        report::machine(&idemgate, None, None, None);
+        report::machine(&idemgate, None, None, None, None);
     }
     println!(
         "disk: idemgate on the file store (fsync {}), idempotency.ttl {:.1} s; load: miss (a fresh key each), {} keep-alive connections, {:.0} s; directory size and /metrics every second",

@@ -174,7 +174,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, BoxError> {
     let pid = proc.pid();
 
     if !plan.smoke {
-        report::machine(&idemgate, None, None, None);
+        report::machine(&idemgate, None, None, None, None);
     }
     println!(
         "memory: idemgate on the memory store, store.max_entries {}, log.level {}; upstream {upstream} answers 201 with a {BODY_LEN}-byte JSON body",

@@ -172,6 +172,16 @@ pub(crate) fn on_path(program: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
+/// valkey-server: on `PATH`, else the one scripts/test.sh installs in this worktree's
+/// tools venv (`target/tools-venv/bin`).
+pub(crate) fn valkey_server() -> Option<PathBuf> {
+    on_path("valkey-server").or_else(|| {
+        let venv =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools-venv/bin/valkey-server");
+        venv.is_file().then_some(venv)
+    })
+}
+
 /// The first line a command prints (stdout or stderr), e.g. a version.
 pub(crate) fn first_line(program: &Path, args: &[&str]) -> String {
     match Command::new(program)
@@ -257,9 +267,9 @@ pub(crate) struct Tuning {
     /// The file name, in the harness's temp dir, of a JWK set: the default policy then
     /// has `scope_principal: {jwt: {jwks_file: ...}}` (docs/behaviour.md §17).
     pub(crate) jwks_file: Option<&'static str>,
-    /// `telemetry.otlp` to this address over `http/protobuf`, every trace sampled
+    /// `telemetry.otlp` to this address over `http/protobuf`, and its `sample_ratio`
     /// (docs/behaviour.md §20).
-    pub(crate) otlp: Option<SocketAddr>,
+    pub(crate) otlp: Option<(SocketAddr, f64)>,
     /// `replay_authorization: {path: /auth/check}` in the default policy
     /// (docs/behaviour.md §24): the harness's upstream answers it `204`.
     pub(crate) replay_authorization: bool,
@@ -375,10 +385,10 @@ pub(crate) fn idemgate_yaml(
     let admin = tuning
         .admin_port
         .map_or_else(|| "null".to_owned(), |port| format!("127.0.0.1:{port}"));
-    let telemetry = tuning.otlp.map_or_else(String::new, |sink| {
+    let telemetry = tuning.otlp.map_or_else(String::new, |(sink, ratio)| {
         format!(
             "telemetry:\n  otlp:\n    endpoint: http://{sink}\n    protocol: http/protobuf\n    \
-             sample_ratio: 1.0\n"
+             sample_ratio: {ratio:?}\n"
         )
     });
     let orders = if tuning.json_key_route {

@@ -185,6 +185,7 @@ impl Row {
 pub(crate) fn machine(
     idemgate: &Path,
     redis: Option<&Path>,
+    valkey: Option<&Path>,
     nginx: Option<&Path>,
     postgres: Option<&Path>,
 ) {
@@ -207,6 +208,9 @@ pub(crate) fn machine(
     println!("idemgate: {}", idemgate.display());
     if let Some(redis) = redis {
         println!("redis: {}", procs::first_line(redis, &["--version"]));
+    }
+    if let Some(valkey) = valkey {
+        println!("valkey: {}", procs::first_line(valkey, &["--version"]));
     }
     if let Some(nginx) = nginx {
         println!("nginx: {}", procs::first_line(nginx, &["-v"]));
@@ -375,7 +379,8 @@ fn store_notes(rows: &[Row]) {
     for row in rows {
         if let Some(redis) = &row.redis {
             println!(
-                "redis, {}: top-level commands (each a round trip, but a pipelined getrange): {}; {:.2} more per request inside the scripts",
+                "{}, {}: top-level commands (each a round trip, but a pipelined getrange): {}; {:.2} more per request inside the scripts",
+                row.target.name(),
                 row.scenario.name(),
                 if redis.commands.is_empty() {
                     "none"

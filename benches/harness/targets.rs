@@ -91,6 +91,8 @@ pub(crate) struct Started {
     pub(crate) notes: Vec<String>,
     pub(crate) idemgate: PathBuf,
     pub(crate) redis_server: Option<PathBuf>,
+    /// The valkey-server of the `valkey` target, when it ran.
+    pub(crate) valkey_server: Option<PathBuf>,
     pub(crate) nginx: Option<PathBuf>,
     /// The `postgres` binary the cluster ran, when it ran.
     pub(crate) postgres: Option<PathBuf>,
@@ -178,7 +180,9 @@ pub(crate) async fn start(
         }
     };
     // The sink of the traced target, in this process for the whole run.
-    let otlp = if wanted.contains(&TargetKind::MemoryOtlp) {
+    let otlp = if wanted.contains(&TargetKind::MemoryOtlp)
+        || wanted.contains(&TargetKind::MemoryOtlpTenth)
+    {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let sink = listener.local_addr()?;
         tokio::spawn(servers::otlp_sink(listener));
@@ -195,6 +199,7 @@ pub(crate) async fn start(
         TargetKind::MemoryJwtEs256,
         TargetKind::MemoryJwtRaw,
         TargetKind::MemoryOtlp,
+        TargetKind::MemoryOtlpTenth,
         TargetKind::MemoryAuthz,
     ] {
         if !wanted.contains(&kind) {
@@ -219,7 +224,11 @@ pub(crate) async fn start(
         let tuning = Tuning {
             encryption: kind == TargetKind::MemoryEnc,
             jwks_file: alg.filter(|_| scoped).map(principal::Alg::jwks_file),
-            otlp: otlp.filter(|_| kind == TargetKind::MemoryOtlp),
+            otlp: otlp.and_then(|sink| match kind {
+                TargetKind::MemoryOtlp => Some((sink, 1.0)),
+                TargetKind::MemoryOtlpTenth => Some((sink, 0.1)),
+                _ => None,
+            }),
             replay_authorization: kind == TargetKind::MemoryAuthz,
             ..Tuning::default()
         };
@@ -285,6 +294,49 @@ pub(crate) async fn start(
             }
         }
     }
+    // A valkey-server of its own, started as the redis-server is: idemgate finds it
+    // speaks Valkey 9 and fences with its native commands (docs/behaviour.md §23).
+    let valkey_server = if wanted.contains(&TargetKind::Valkey) {
+        let found = procs::valkey_server();
+        match &found {
+            Some(valkey) => {
+                let valkey_dir = dir.join("valkey");
+                std::fs::create_dir_all(&valkey_dir)?;
+                let (proc, addr) = procs::spawn_server("valkey-server", dir, false, |port| {
+                    let mut cmd = Command::new(valkey);
+                    cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+                        .arg("--dir")
+                        .arg(&valkey_dir);
+                    Ok(cmd)
+                })
+                .await?;
+                let valkey = Redis {
+                    port: addr.port(),
+                    pid: proc.pid(),
+                };
+                procs.push(proc);
+                let (proc, target) = start_idemgate(
+                    TargetKind::Valkey,
+                    Store::Redis(valkey.port),
+                    Tuning::default(),
+                )
+                .await?;
+                targets.push(Target {
+                    redis: Some(valkey),
+                    ..target
+                });
+                procs.push(proc);
+            }
+            None => notes.push(
+                "idemgate-valkey skipped: valkey-server is neither on PATH nor in target/tools-venv/bin (scripts/test.sh installs it)"
+                    .to_owned(),
+            ),
+        }
+        found
+    } else {
+        None
+    };
     // A master and its replica, and idemgate with `min_replicas: 1`
     // (docs/behaviour.md §14).
     if wanted.contains(&TargetKind::RedisReplica) {
@@ -427,6 +479,7 @@ pub(crate) async fn start(
         notes,
         idemgate,
         redis_server,
+        valkey_server,
         nginx,
         postgres: postgres_bin,
     })
