@@ -40,7 +40,7 @@ if [ "$async" = 1 ] && [ "$topology" != postgres ]; then
   exit 2
 fi
 
-cargo test --test it --no-run --quiet
+cargo test --features chaos-cli --test it --no-run --quiet
 export IDEMGATE_CHAOS_TOPOLOGY="$topology" IDEMGATE_CHAOS_ASYNC_STANDBY="$async" \
   IDEMGATE_CHAOS_QUICK="$quick"
 [ -n "$min_replicas" ] && export IDEMGATE_CHAOS_MIN_REPLICAS="$min_replicas"
@@ -55,7 +55,7 @@ if [ "$quick" = 1 ]; then limit=300; else limit=1800; fi
 # Its own process group: the test's redis-server, postgres and idemgate children are in
 # it, and go with it.
 setsid timeout --signal=TERM --kill-after=10 "$limit" \
-  cargo test --test it -- --ignored --exact --nocapture chaos_scale::from_the_command_line \
+  cargo test --features chaos-cli --test it -- --exact --nocapture chaos_scale::from_the_command_line \
   >"$log" 2>&1 &
 pid=$!
 stop() { kill -TERM -- "-$pid" 2>/dev/null || true; }

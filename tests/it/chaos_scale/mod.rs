@@ -263,8 +263,8 @@ fn assert_served(o: &Outcome) {
 
 /// `scripts/chaos.sh` runs this with its flags in `IDEMGATE_CHAOS_*`; it prints the
 /// table, then the JSON line last, each line prefixed `chaos-scale| `.
+#[cfg(feature = "chaos-cli")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the full-size run: scripts/chaos.sh"]
 async fn from_the_command_line() {
     let settings = Settings::from_env().expect("IDEMGATE_CHAOS_TOPOLOGY is set");
     let outcome = run(settings).await;
