@@ -4,22 +4,13 @@
 
 use crate::support;
 
-use support::bin::{Finished, idemgate, run};
+use support::bin::{Finished, admin_cli, idemgate, run};
 use support::{Proxy, TestClient, Upstream};
 
 const TOKEN: &str = "s3cret-admin";
 
 async fn resolve(admin: &TestClient, token: Option<&str>, args: &[&str]) -> Finished {
-    let mut cmd = idemgate();
-    cmd.env_remove("IDEMGATE_ADMIN_TOKEN");
-    if let Some(token) = token {
-        cmd.env("IDEMGATE_ADMIN_TOKEN", token);
-    }
-    run(cmd
-        .args(["key", "resolve", "--admin"])
-        .arg(format!("http://{}", admin.addr()))
-        .args(args))
-    .await
+    admin_cli(&["key", "resolve"], admin.addr(), token, args).await
 }
 
 #[tokio::test]

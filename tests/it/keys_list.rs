@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idemgate::config::Config;
 use idemgate::store::{RedisStore, Store};
-use support::bin::{Finished, idemgate, run};
+use support::bin::{Finished, admin_cli};
 use support::postgres::PgServer;
 use support::redis::ha::{MASTER_NAME, Sentinels};
 use support::redis::{RedisCluster, RedisServer};
@@ -131,8 +131,7 @@ async fn find_the_keys<S: Store>(proxy: Proxy<S>, up: &Upstream) {
 }
 
 fn config(up: &Upstream, store: &str) -> Config {
-    let yaml = format!("upstream:\n  url: {}\nstore:\n{store}", up.url());
-    Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid")
+    support::store_config(up, store)
 }
 
 #[tokio::test]
@@ -217,16 +216,7 @@ async fn on_postgres() {
 const TOKEN: &str = "s3cret-admin";
 
 async fn keys_list(admin: &TestClient, token: Option<&str>, args: &[&str]) -> Finished {
-    let mut cmd = idemgate();
-    cmd.env_remove("IDEMGATE_ADMIN_TOKEN");
-    if let Some(token) = token {
-        cmd.env("IDEMGATE_ADMIN_TOKEN", token);
-    }
-    run(cmd
-        .args(["keys", "list", "--admin"])
-        .arg(format!("http://{}", admin.addr()))
-        .args(args))
-    .await
+    admin_cli(&["keys", "list"], admin.addr(), token, args).await
 }
 
 #[tokio::test]

@@ -202,6 +202,21 @@ async fn a_cluster_of_valkey_and_redis_7_nodes_serves_every_key() {
     }
 }
 
+/// Renews `lease`'s claim through another lease of the same token, which does not tell
+/// `lease`: as if the renewal's answer had been lost.
+async fn renew_unheard(s: &RedisStore, lease: &Lease) {
+    let unheard = Lease {
+        key: lease.key,
+        token: lease.token,
+        claimed_at_ms: lease.claimed_at_ms,
+        written: Written::default(),
+    };
+    assert_eq!(
+        s.renew(&unheard, LEASE * 2).await.expect("renew"),
+        Fenced::Done
+    );
+}
+
 /// A renewal whose answer never came moved the marker's deadline without the lease
 /// knowing: the completion still lands, natively, against the marker it finds with its
 /// own token (docs/behaviour.md §23).
@@ -211,17 +226,7 @@ async fn a_renewal_the_lease_did_not_hear_of_does_not_lose_it() {
         let server = RedisServer::start_on(server, &[]).await;
         let s = store(&format!("  url: {}\n", server.url()));
         let lease = acquire(&s, key(1), LEASE).await;
-        // The same claim renewed through a lease that does not tell the first one.
-        let unheard = Lease {
-            key: lease.key,
-            token: lease.token,
-            claimed_at_ms: lease.claimed_at_ms,
-            written: Written::default(),
-        };
-        assert_eq!(
-            s.renew(&unheard, LEASE * 2).await.expect("renew"),
-            Fenced::Done
-        );
+        renew_unheard(&s, &lease).await;
         let before = scripts(&server);
         assert_eq!(complete(&s, &lease, b"renewed").await, Fenced::Done);
         assert_eq!(
@@ -233,16 +238,7 @@ async fn a_renewal_the_lease_did_not_hear_of_does_not_lose_it() {
         }
 
         let lease = acquire(&s, key(2), LEASE).await;
-        let unheard = Lease {
-            key: lease.key,
-            token: lease.token,
-            claimed_at_ms: lease.claimed_at_ms,
-            written: Written::default(),
-        };
-        assert_eq!(
-            s.renew(&unheard, LEASE * 2).await.expect("renew"),
-            Fenced::Done
-        );
+        renew_unheard(&s, &lease).await;
         assert_eq!(s.release(&lease).await.expect("release"), Fenced::Done);
         let _ = acquire(&s, key(2), LEASE).await;
     }

@@ -145,8 +145,7 @@ async fn settle_unknown_outcomes<S: Store>(proxy: Proxy<S>, up: &Upstream) {
 }
 
 fn config(up: &Upstream, store: &str) -> Config {
-    let yaml = format!("upstream:\n  url: {}\nstore:\n{store}", up.url());
-    Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid")
+    support::store_config(up, store)
 }
 
 #[tokio::test]

@@ -74,6 +74,28 @@ impl Finished {
 
 /// Runs `cmd` to completion. A child still running after [`LIMIT`] (say, a `--check`
 /// that started serving) fails the test and is killed.
+/// `idemgate WORDS --admin http://ADMIN ARGS...`, the admin CLI (docs/behaviour.md §18,
+/// §24) against a running proxy's admin listener, with `token` as
+/// `IDEMGATE_ADMIN_TOKEN` (none at all when `None`).
+pub async fn admin_cli(
+    words: &[&str],
+    admin: SocketAddr,
+    token: Option<&str>,
+    args: &[&str],
+) -> Finished {
+    let mut cmd = idemgate();
+    cmd.env_remove("IDEMGATE_ADMIN_TOKEN");
+    if let Some(token) = token {
+        cmd.env("IDEMGATE_ADMIN_TOKEN", token);
+    }
+    run(cmd
+        .args(words)
+        .arg("--admin")
+        .arg(format!("http://{admin}"))
+        .args(args))
+    .await
+}
+
 pub async fn run(cmd: &mut Command) -> Finished {
     let child = cmd
         .stdout(Stdio::piped())

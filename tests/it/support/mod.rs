@@ -86,6 +86,12 @@ use tokio::task::JoinHandle;
 
 pub use upstream::Upstream;
 
+/// A configuration with `upstream` in front and the `store:` section's lines `store`.
+pub fn store_config(upstream: &Upstream, store: &str) -> Config {
+    let yaml = format!("upstream:\n  url: {}\nstore:\n{store}", upstream.url());
+    Config::from_yaml_str(&yaml, &|_| None).expect("test config is valid")
+}
+
 /// A proxy served in this process on a free port.
 pub struct Proxy<S: Store = MemoryStore> {
     pub addr: SocketAddr,
