@@ -83,6 +83,11 @@ const MAX_INTERNED: usize = 4096;
 /// Every set interned so far, by a hash of its contents.
 static INTERNED: LazyLock<RwLock<HashMap<u64, Vec<Rules>>>> = LazyLock::new(Default::default);
 
+thread_local! {
+    /// The set this thread interned or found last.
+    static LAST: std::cell::Cell<Option<Rules>> = const { std::cell::Cell::new(None) };
+}
+
 /// The tag of the defaults in a record, and of the explicit form.
 const DEFAULTS: u8 = 0;
 const EXPLICIT: u8 = 1;
@@ -101,6 +106,20 @@ impl KeptRules {
     /// The interned copy of `rules`, made on first sight; `None` past [`MAX_INTERNED`]
     /// distinct sets.
     pub fn intern(rules: &FingerprintRules<'_>) -> Option<Rules> {
+        // Every request is fingerprinted, nearly always under the rules of the one before
+        // on its thread: compared field by field, those need neither the hash nor the lock.
+        if let Some(last) = LAST.get().filter(|last| last.as_rules() == *rules) {
+            return Some(last);
+        }
+        let found = Self::interned(rules);
+        if found.is_some() {
+            LAST.set(found);
+        }
+        found
+    }
+
+    /// [`KeptRules::intern`] without the thread's last set.
+    fn interned(rules: &FingerprintRules<'_>) -> Option<Rules> {
         let hash = digest(rules);
         let find = |sets: &Vec<Rules>| sets.iter().copied().find(|kept| kept.as_rules() == *rules);
         if let Some(found) = read().get(&hash).and_then(find) {
@@ -322,6 +341,24 @@ mod tests {
         assert_eq!(back.as_rules(), given);
         let none = rules(&[], true, BodyForm::Raw, &[]);
         assert_eq!(round_trip(&none).0.as_rules(), none);
+    }
+
+    /// The thread's last set answers only rules equal to it: alternating sets each find
+    /// their own, the one allocation per set.
+    #[test]
+    fn alternating_rules_each_find_their_own_set() {
+        let headers = [header::CONTENT_TYPE];
+        let a = rules(&headers, true, BodyForm::Raw, &[]);
+        let b = rules(&headers, false, BodyForm::Raw, &[]);
+        let first_a = KeptRules::intern(&a).expect("few");
+        let first_b = KeptRules::intern(&b).expect("few");
+        for _ in 0..3 {
+            let (again_a, again_b) = (KeptRules::intern(&a), KeptRules::intern(&b));
+            assert!(again_a.is_some_and(|r| std::ptr::eq(r, first_a)));
+            assert!(again_b.is_some_and(|r| std::ptr::eq(r, first_b)));
+        }
+        assert!(!std::ptr::eq(first_a, first_b));
+        assert_eq!(first_b.as_rules(), b);
     }
 
     #[test]
