@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::seal::Undecryptable;
 use crate::idempotency::{
     Completed, Fingerprint, InFlight, OwnerToken, Record, ScopeId, ScopedKey,
@@ -54,6 +56,24 @@ impl ClaimRequest {
         }
     }
 
+    /// The lease this claim gives when it wrote `encoded`, the encoding of
+    /// [`marker(now_ms)`](Self::marker): kept, so that a store fencing by comparing
+    /// whole values does not encode the marker again for the complete or the release.
+    pub fn lease_encoded(&self, now_ms: u64, encoded: Bytes) -> Lease {
+        let marker = self.marker(now_ms);
+        debug_assert_eq!(encoded, marker.encode(), "the bytes of this very marker");
+        Lease {
+            key: self.key,
+            token: self.token,
+            claimed_at_ms: now_ms,
+            written: Written {
+                marker: Some(marker),
+                encoded: Some(encoded),
+                renewed_to_ms: AtomicU64::new(0),
+            },
+        }
+    }
+
     /// How long the marker's key lives: its owner may have forwarded the request, so it
     /// outlives the lease, and it never outlives the record it becomes.
     pub fn marker_ttl(&self) -> Duration {
@@ -97,6 +117,8 @@ pub struct Lease {
 #[derive(Debug, Default)]
 pub struct Written {
     marker: Option<InFlight>,
+    /// `marker`'s encoding as the claim wrote it, when the store kept it.
+    encoded: Option<Bytes>,
     /// 0 until a renewal: the marker's own deadline holds.
     renewed_to_ms: AtomicU64,
 }
@@ -105,7 +127,18 @@ impl Written {
     pub fn new(marker: InFlight) -> Self {
         Self {
             marker: Some(marker),
+            encoded: None,
             renewed_to_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The encoding of [`marker()`](Self::marker): the claim's bytes until a renewal.
+    pub fn marker_bytes(&self) -> Option<Bytes> {
+        match &self.encoded {
+            Some(encoded) if self.renewed_to_ms.load(Ordering::Acquire) == 0 => {
+                Some(encoded.clone())
+            }
+            _ => self.marker().map(|marker| marker.encode()),
         }
     }
 
@@ -349,4 +382,36 @@ pub trait Watch: Send + 'static {
     /// Resolves when the key changed after the subscription was made. May also resolve
     /// spuriously; callers re-read the key either way.
     fn changed(self) -> impl Future<Output = ()> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_gives_the_bytes_of_the_marker_as_last_written() {
+        let req = ClaimRequest {
+            key: ScopedKey::from_bytes([7; 32]),
+            scope: None,
+            fingerprint: Fingerprint::from_bytes([1; 32]),
+            token: OwnerToken::random(),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(3600),
+            streamed: false,
+        };
+        let encoded = req.marker(1_000).encode();
+        let kept = req.lease_encoded(1_000, encoded.clone());
+        let made = req.lease(1_000);
+        assert_eq!(kept.written.marker_bytes(), Some(encoded.clone()));
+        assert_eq!(made.written.marker_bytes(), Some(encoded));
+        assert_eq!(kept, made);
+        // A renewal moved the deadline inside the marker: the claim's bytes are stale.
+        for lease in [&kept, &made] {
+            lease.written.renewed(99_000);
+            let mut renewed = req.marker(1_000);
+            renewed.lease_deadline_ms = 99_000;
+            assert_eq!(lease.written.marker_bytes(), Some(renewed.encode()));
+        }
+        assert_eq!(Written::default().marker_bytes(), None);
+    }
 }

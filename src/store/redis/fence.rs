@@ -1,5 +1,5 @@
 //! Fencing with the server's own compare-and-set (docs/behaviour.md §23): on Valkey 9
-//! and Redis 8.4 the complete is one `SET key record IFEQ marker PX ttl GET` and the
+//! and Redis 8.4 the complete is one `SET key record IFEQ marker PX ttl` and the
 //! release one `DELIFEQ key marker` (Valkey) or `DELEX key IFEQ marker` (Redis), instead
 //! of an `EVALSHA`. The waiters' `PUBLISH` is a second command in the same pipeline, sent
 //! only when a waiter can exist.
@@ -8,9 +8,11 @@
 //! whole value, so the lease remembers the marker it wrote and each renewal's deadline
 //! ([`Written`](crate::store::Written)). The key holding anything else is not proof that
 //! the lease is lost: a renewal whose answer never came may have moved the deadline. So
-//! the value found is read back in the same round trip (`GET`), and when it is a marker
-//! with this lease's token, the command is sent again against exactly that value. Any
-//! other value fences the caller out, as the scripts do.
+//! when nothing was set, the value found is read back (a `GET` after the `SET`, whose
+//! answer is only `OK` or nothing on the path every first execution takes; pipelined
+//! behind a delete), and when it is a marker with this lease's token, the command is
+//! sent again against exactly that value. Any other value fences the caller out, as the
+//! scripts do.
 //!
 //! A server that refuses the native command (a node of a cluster still on an older
 //! version, a command renamed or denied) gets the script instead, in the same call; the
@@ -42,6 +44,14 @@ pub(super) enum Native {
     Done(Fenced),
     /// The server refused the command, or it does not fit the case: use the script.
     Refused,
+}
+
+/// What a `SET ... IFEQ` did.
+enum Swap {
+    /// The key held the expected value, and holds the new one.
+    Swapped,
+    /// The key held something else, or nothing: what it holds now.
+    Kept(Value),
 }
 
 /// What each slot's node (or, off a cluster, slot 0 for the server) was found to do
@@ -180,30 +190,42 @@ impl RedisStore {
         }
     }
 
-    /// `SET key value IFEQ expected PX ttl GET`, then `PUBLISH` when a waiter can exist:
-    /// what the key held before, or `None` when the server refused the command (then
-    /// remembered, so that the scripts fence there).
+    /// `SET key value IFEQ expected PX ttl`, then `PUBLISH` when a waiter can exist:
+    /// whether it swapped, and when it did not, what the key holds (a `GET` of its own,
+    /// a round trip only on that rare path: an answer of `OK` is smaller than the old
+    /// value `GET` would return, for the server to send and the client to read).
+    /// `None` when the server refused the command (then remembered, so that the scripts
+    /// fence there).
     async fn set_if_equal(
         &self,
         conn: &mut Conn,
         (key, mixed): (&str, bool),
         (value, expected, ttl_ms): (&[u8], &[u8], u64),
         channel: &str,
-    ) -> Result<Option<Value>, StoreError> {
-        let mut set = Cmd::with_capacity(9, 24 + key.len() + value.len() + expected.len());
+    ) -> Result<Option<Swap>, StoreError> {
+        let mut set = Cmd::with_capacity(8, 20 + key.len() + value.len() + expected.len());
         set.arg("SET")
             .arg(key)
             .arg(value)
             .arg("IFEQ")
             .arg(expected)
             .arg("PX")
-            .arg(ttl_ms)
-            .arg("GET");
+            .arg(ttl_ms);
         match self.with_publish(conn, key, (set, None), channel).await {
-            Ok((found, _)) => {
+            Ok((Value::Okay, _)) => {
                 self.took_on(key.as_bytes(), mixed);
-                Ok(Some(found))
+                Ok(Some(Swap::Swapped))
             }
+            Ok((Value::Nil, _)) => {
+                self.took_on(key.as_bytes(), mixed);
+                let found = redis::cmd("GET")
+                    .arg(key)
+                    .query_async::<Value>(conn)
+                    .await
+                    .map_err(unavailable)?;
+                Ok(Some(Swap::Kept(found)))
+            }
+            Ok(_) => Err(StoreError::Protocol("unexpected reply to SET ... IFEQ")),
             Err(err) if refused(&err) => {
                 self.refused_on(key.as_bytes());
                 Ok(None)
@@ -212,30 +234,28 @@ impl RedisStore {
         }
     }
 
-    /// The complete: `SET key record IFEQ marker PX ttl GET`, then `PUBLISH` when a
-    /// waiter can exist.
+    /// The complete: `SET key record IFEQ marker PX ttl`, then `PUBLISH` when a waiter
+    /// can exist.
     pub(super) async fn complete_natively(
         &self,
         conn: &mut Conn,
         (key, mixed): (&str, bool),
-        marker: &InFlight,
+        (mut expected, token): (Bytes, OwnerToken),
         (record, ttl_ms, channel): (&[u8], u64, &str),
     ) -> Result<Native, StoreError> {
-        let mut expected = marker.encode();
         for _ in 0..=RETRIES {
             let set = (record, &expected[..], ttl_ms);
-            let Some(found) = self.set_if_equal(conn, (key, mixed), set, channel).await? else {
-                return Ok(Native::Refused);
+            let found = match self.set_if_equal(conn, (key, mixed), set, channel).await? {
+                None => return Ok(Native::Refused),
+                Some(Swap::Swapped) => return Ok(Native::Done(Fenced::Done)),
+                Some(Swap::Kept(found)) => found,
             };
             match found {
-                Value::BulkString(found) if found == expected => {
-                    return Ok(Native::Done(Fenced::Done));
-                }
                 // A retry after a completion whose answer was lost: it landed.
                 Value::BulkString(found) if found == record => {
                     return Ok(Native::Done(Fenced::Done));
                 }
-                Value::BulkString(found) if ours(&found, marker.token) => {
+                Value::BulkString(found) if ours(&found, token) => {
                     expected = Bytes::from(found);
                 }
                 Value::BulkString(_) | Value::Nil => return Ok(Native::Done(Fenced::LeaseLost)),
@@ -245,7 +265,7 @@ impl RedisStore {
         Ok(Native::Done(Fenced::LeaseLost))
     }
 
-    /// The take-over: `SET key new IFEQ stale PX ttl GET`, then `PUBLISH` when a waiter
+    /// The take-over: `SET key new IFEQ stale PX ttl`, then `PUBLISH` when a waiter
     /// can exist. `stale` is the marker the caller read and judged: its lease ended by
     /// `now_ms`. A marker of the same owner whose bytes differ (re-encoded otherwise, or
     /// renewed meanwhile) is taken over only if its lease ended too, as the script does.
@@ -265,13 +285,12 @@ impl RedisStore {
         let mut expected = stale.encode();
         for _ in 0..=RETRIES {
             let set = (marker, &expected[..], ttl_ms);
-            let Some(found) = self.set_if_equal(conn, (key, mixed), set, channel).await? else {
-                return Ok(Native::Refused);
+            let found = match self.set_if_equal(conn, (key, mixed), set, channel).await? {
+                None => return Ok(Native::Refused),
+                Some(Swap::Swapped) => return Ok(Native::Done(Fenced::Done)),
+                Some(Swap::Kept(found)) => found,
             };
             let found = match found {
-                Value::BulkString(found) if found == expected => {
-                    return Ok(Native::Done(Fenced::Done));
-                }
                 Value::BulkString(found) => found,
                 Value::Nil => return Ok(Native::Done(Fenced::LeaseLost)),
                 _ => return Err(StoreError::Protocol("unexpected reply to SET ... IFEQ")),
@@ -296,10 +315,9 @@ impl RedisStore {
         conn: &mut Conn,
         delete: Delete,
         key: &str,
-        marker: &InFlight,
+        (mut expected, token): (Bytes, OwnerToken),
         channel: &str,
     ) -> Result<Native, StoreError> {
-        let mut expected = marker.encode();
         for _ in 0..=RETRIES {
             let mut del = Cmd::with_capacity(4, 16 + key.len() + expected.len());
             match delete {
@@ -320,7 +338,7 @@ impl RedisStore {
             };
             match (deleted, found) {
                 (Value::Int(1), _) => return Ok(Native::Done(Fenced::Done)),
-                (Value::Int(0), Value::BulkString(found)) if ours(&found, marker.token) => {
+                (Value::Int(0), Value::BulkString(found)) if ours(&found, token) => {
                     expected = Bytes::from(found);
                 }
                 (Value::Int(0), _) => return Ok(Native::Done(Fenced::LeaseLost)),
@@ -342,6 +360,13 @@ impl RedisStore {
         (first, then): (Cmd, Option<Cmd>),
         channel: &str,
     ) -> redis::RedisResult<(Value, Value)> {
+        if then.is_none() && channel.is_empty() {
+            // One command alone, as a first execution's complete is where nobody waits:
+            // not a pipeline (its command list, its list of replies). A cluster routes
+            // it by its key.
+            let reply = first.query_async::<Value>(conn).await?;
+            return Ok((reply.extract_error()?, Value::Nil));
+        }
         let mut pipe = Pipeline::with_capacity(3);
         pipe.add_command(first);
         let then_sent = then.is_some();

@@ -471,7 +471,7 @@ impl Store for RedisStore {
         {
             Found::Ours => {
                 self.claim_replicated(&mut conn, written).await?;
-                Ok(Claim::Acquired(req.lease(now)))
+                Ok(Claim::Acquired(req.lease_encoded(now, marker)))
             }
             Found::Record(record) => {
                 let record = Record::decode(Bytes::from(record)).map_err(StoreError::Corrupt)?;
@@ -496,10 +496,11 @@ impl Store for RedisStore {
         let written = self.before_write();
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        let native = match lease.written.marker() {
+        let native = match lease.written.marker_bytes() {
             Some(marker) if self.native_set(fencing, key.as_bytes()) => {
                 let target = (key.as_str(), fencing.mixed);
-                self.complete_natively(&mut conn, target, &marker, (&encoded, ttl_ms, &channel))
+                let expected = (marker, lease.token);
+                self.complete_natively(&mut conn, target, expected, (&encoded, ttl_ms, &channel))
                     .await?
             }
             _ => fence::Native::Refused,
@@ -530,9 +531,10 @@ impl Store for RedisStore {
         let key = self.record_key(&lease.key);
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        let native = match lease.written.marker() {
+        let native = match lease.written.marker_bytes() {
             Some(marker) if self.native_delete(fencing, key.as_bytes()) => {
-                self.release_natively(&mut conn, fencing.delete, &key, &marker, &channel)
+                let expected = (marker, lease.token);
+                self.release_natively(&mut conn, fencing.delete, &key, expected, &channel)
                     .await?
             }
             _ => fence::Native::Refused,
@@ -608,7 +610,7 @@ impl Store for RedisStore {
             Fenced::Done => {
                 // A take-over is a claim: the same WAIT.
                 self.claim_replicated(&mut conn, written).await?;
-                Some(req.lease(claimed_at))
+                Some(req.lease_encoded(claimed_at, marker))
             }
             Fenced::LeaseLost => None,
         })
