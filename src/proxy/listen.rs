@@ -27,7 +27,7 @@ use hyper_util::server::graceful::GracefulConnection;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use super::body::ProxyBody;
 use super::handler;
@@ -222,6 +222,27 @@ pub enum Shutdown {
     TimedOut,
 }
 
+/// How often [`keep_a_timer_near`] ticks: half the store's deadline, so that every
+/// store call's deadline lies beyond the timer it keeps, within 10 to 250 ms.
+fn near_timer_period(store_timeout: Duration) -> Duration {
+    (store_timeout / 2).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+/// Keeps a timer due within `period` on this runtime while it serves. tokio wakes its
+/// own driver (an `eventfd` write, and an `epoll_wait` that returns at once) whenever a
+/// timer is set to fire before the earliest one it knew of when the runtime last parked.
+/// With no timer pending at that moment, which is every idle moment of a worker, the
+/// deadline of the next store call paid that: 0.28 `write` and as many `epoll_wait` per
+/// first execution on Redis (BENCHMARKS.md, "Valkey and native fencing"). A deadline
+/// later than a pending timer is only inserted into the wheel.
+async fn keep_a_timer_near(period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
 /// Serves until `shutdown` resolves, then stops accepting at once and lets in-flight
 /// requests (and their recordings) finish for up to `shutdown_timeout`.
 pub async fn serve<S: Store>(
@@ -243,6 +264,9 @@ pub async fn serve<S: Store>(
         .keep_alive(true);
     let connections = TaskTracker::new();
     let stop = CancellationToken::new();
+    let _near = AbortOnDropHandle::new(tokio::spawn(keep_a_timer_near(near_timer_period(
+        state.config.store.timeout,
+    ))));
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
