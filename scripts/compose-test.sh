@@ -7,16 +7,16 @@
 #   2. runs README.md's "Try it" requests and compares every answer with the README's;
 #   3. sees idemgate's spans reach the otel-collector service;
 #   4. runs the demo story (examples/demo_client.rs) against 127.0.0.1:8080 and :9000;
-#   5. restarts the redis container: a completed key still replays (append-only file);
-#   6. stops idemgate with SIGTERM while requests are in flight: they finish with their
+#   5. stops idemgate with SIGTERM while requests are in flight: they finish with their
 #      real answers, are recorded, and replay once idemgate is started again;
+#   6. restarts the redis container: a completed key still replays (append-only file);
 #   7. `down -v`.
 # Bounded in time ($COMPOSE_TEST_TIMEOUT seconds, 2700 by default); whatever happens it
 # removes what it started (containers, network, volumes, the images it built). The last
 # line it prints is a summary; it exits 0 only when every step held.
 #
 # Without a registry: where an image that docker-compose.yml or the Dockerfile names is
-# missing from the engine, it builds a local stand-in under the same tag from Debian
+# missing from the engine and `docker pull` fails, it builds a local stand-in under the same tag from Debian
 # bookworm's packages (debootstrap + docker import, labelled idemgate.standin=1, kept
 # and reused by later runs), and says so. docker-compose.yml and the Dockerfile are not
 # changed: a user with a registry runs them with the real images. See docs/deploying.md.
@@ -192,10 +192,17 @@ import_image() {
   $SUDO tar -C "$dir" --numeric-owner -c . | docker import "${changes[@]}" - "$tag" >/dev/null
   $SUDO rm -rf "$dir"
 }
+# The collector stand-in is rebuilt when scripts/otlp-sink.py changes.
+sink_hash=$(sha256sum scripts/otlp-sink.py | cut -c1-16)
 # "present" (a real image or a cached stand-in) or "missing".
 have() {
   local label
   if ! label=$(docker image inspect -f '{{index .Config.Labels "idemgate.standin"}}' "$1" 2>/dev/null); then
+    echo missing
+  elif [ "$label" = 1 ] && [[ $1 == otel/* ]] \
+    && [ "$(docker image inspect -f '{{index .Config.Labels "idemgate.standin.otlp-sink"}}' "$1")" != "$sink_hash" ]; then
+    echo "$1: a stand-in with another scripts/otlp-sink.py: removed, to be built again" >&2
+    docker rmi "$1" >/dev/null
     echo missing
   elif [ "$label" = 1 ]; then
     echo "present: a stand-in built by an earlier run (docker rmi $1 to rebuild it)"
@@ -232,7 +239,7 @@ standin_redis() {
 standin_collector() {
   rootfs collector python3
   $SUDO install -m 755 scripts/otlp-sink.py "$work/collector/usr/local/bin/otlp-sink"
-  import_image collector "$1" "$path_env" 'EXPOSE 4318' 'ENTRYPOINT ["otlp-sink"]' 'CMD ["--config=/etc/otelcol/config.yaml"]'
+  import_image collector "$1" "$path_env" "LABEL idemgate.standin.otlp-sink=$sink_hash" 'EXPOSE 4318' 'ENTRYPOINT ["otlp-sink"]' 'CMD ["--config=/etc/otelcol/config.yaml"]'
 }
 
 # This machine's Rust toolchain of the tag's version (rustup's toolchain and binary, as
@@ -289,7 +296,11 @@ for img in "${images[@]}"; do
     ok "$img $state"
     continue
   fi
-  echo "STAND-IN: $img is not in the engine and there is no registry to pull it from:"
+  if pulled=$(timeout 600 docker pull -q "$img" 2>&1); then
+    ok "$img pulled from a registry"
+    continue
+  fi
+  echo "STAND-IN: $img is not in the engine and no registry gives it (docker pull: $(tail -1 <<<"$pulled")):"
   case $img in
     debian:*)
       echo "  building it from Debian bookworm's packages (debootstrap --variant=minbase)"
@@ -461,7 +472,7 @@ timeout 1200 cargo run --quiet --locked --example demo_client || fail "demo_clie
 ok "each story charged once through idemgate"
 done_step
 
-# --- redis restart -----------------------------------------------------------------
+# --- helpers for the steps below --------------------------------------------------
 charge() { # key amount [query] -> curl -i output, \r removed
   curl -s -i -m "${4:-30}" -X POST "http://127.0.0.1:8080/charges${3:-}" -H "Idempotency-Key: $1" \
     -H 'Content-Type: application/json' -d "{\"amount\": $2}" | tr -d '\r'
@@ -478,24 +489,6 @@ wait_ready() { # seconds; the host's view of idemgate's /readyz
   done
 }
 
-step "restart redis: a completed key still replays (append-only file)"
-[ "$(docker exec "$redis" redis-cli config get appendonly | tail -1)" = yes ] || fail "redis runs without appendonly"
-key="compose-test-aof-$$"
-first=$(charge "$key" 700)
-{ [ "$(status_of "$first")" = 201 ] && ! replayed "$first"; } || fail "first request: $(head -1 <<<"$first")"
-before=$(stats)
-echo "\$ ${compose_cmd[*]} -p $project restart redis"
-compose restart redis >/dev/null 2>&1 || fail "restart redis failed"
-wait_healthy redis 60
-wait_ready 60 || fail "idemgate not ready 60s after redis restarted"
-docker logs "$redis" 2>&1 | grep -q 'DB loaded from append only file' || fail "redis did not load its append-only file on restart"
-again=$(charge "$key" 700)
-{ [ "$(status_of "$again")" = 201 ] && replayed "$again"; } || fail "after the restart: $(head -1 <<<"$again"), $(grep -i replayed <<<"$again" || echo not replayed)"
-[ "$(body_of "$again")" = "$(body_of "$first")" ] || fail "replayed body $(body_of "$again") is not $(body_of "$first")"
-[ "$(stats)" = "$before" ] || fail "the backend charged again: $before -> $(stats)"
-ok "redis loaded its append-only file; $key replayed $(body_of "$again"); the backend still at $before charges"
-done_step
-
 # --- SIGTERM with requests in flight -----------------------------------------------
 step "stop idemgate (SIGTERM) with requests in flight"
 before=$(stats)
@@ -507,7 +500,7 @@ done
 # In flight: the backend has created all three charges and sleeps before answering.
 deadline=$(($(date +%s) + 30))
 until [ "$(stats)" = $((before + n)) ]; do
-  [ "$(date +%s)" -lt "$deadline" ] || fail "the $n slow requests never reached the backend"
+  [ "$(date +%s)" -lt "$deadline" ] || fail "the $n slow requests never reached the backend: $(head -qn1 "$work"/drain.* | tr '\n' ' ')"
   sleep 0.1
 done
 ok "$n requests in flight (the backend answers them in 4s)"
@@ -540,6 +533,40 @@ for k in $(seq 1 $n); do
 done
 [ "$(stats)" = $((before + n)) ] || fail "the backend charged again: $((before + n)) -> $(stats)"
 ok "their retries replay the same answers; the backend charged each once"
+done_step
+
+# --- redis restart (last: it breaks the workers' Redis connections, see below) -----
+step "restart redis: a completed key still replays (append-only file)"
+[ "$(docker exec "$redis" redis-cli config get appendonly | tail -1)" = yes ] || fail "redis runs without appendonly"
+key="compose-test-aof-$$"
+first=$(charge "$key" 700)
+{ [ "$(status_of "$first")" = 201 ] && ! replayed "$first"; } || fail "first request: $(head -1 <<<"$first")"
+before=$(stats)
+echo "\$ ${compose_cmd[*]} -p $project restart redis"
+compose restart redis >/dev/null 2>&1 || fail "restart redis failed"
+wait_healthy redis 60
+wait_ready 60 || fail "idemgate not ready 60s after redis restarted"
+docker logs "$redis" 2>&1 | grep -q 'DB loaded from append only file' || fail "redis did not load its append-only file on restart"
+# Four retries of the key, each as a client sends it: a 503 store-unavailable is sent
+# again after its Retry-After. A worker's Redis connection broken by the restart can fail
+# the first claim sent on it (and /readyz, cached for a second, may say 200 from before):
+# seen in some runs, not all.
+unavailable=0
+for retry in 1 2 3 4; do
+  for attempt in 1 2 3 4 5; do
+    again=$(charge "$key" 700)
+    [ "$(status_of "$again")" = 503 ] || break
+    unavailable=$((unavailable + 1))
+    wait_s=$(sed -nE 's/^retry-after: *([0-9]+)$/\1/Ip' <<<"$again")
+    echo "  retry $retry, attempt $attempt: 503 $(sed -nE 's/.*"type":"[^"]*\/([a-z-]+)".*/\1/p' <<<"$again"), Retry-After: ${wait_s:-none}; sent again after it"
+    { [ -n "$wait_s" ] && [ "$wait_s" -le 5 ]; } || fail "503 without a Retry-After of at most 5s"
+    sleep "$wait_s"
+  done
+  { [ "$(status_of "$again")" = 201 ] && replayed "$again"; } || fail "retry $retry after the restart: $(head -1 <<<"$again"), $(grep -i replayed <<<"$again" || echo not replayed)"
+  [ "$(body_of "$again")" = "$(body_of "$first")" ] || fail "replayed body $(body_of "$again") is not $(body_of "$first")"
+done
+[ "$(stats)" = "$before" ] || fail "the backend charged again: $before -> $(stats)"
+ok "redis loaded its append-only file; $key replayed $(body_of "$again") to 4 retries ($unavailable answers 503 store-unavailable on the way); the backend still at $before charges"
 done_step
 
 # --- down --------------------------------------------------------------------------
