@@ -1,7 +1,7 @@
-//! No Docker engine runs on the development machines, so the compose demo is checked
-//! by reading it: it must agree with `config/docker.yaml` and with the Dockerfile, and its
-//! health checks must work with what the images have (they are run here against live
-//! services).
+//! The compose demo, checked without a Docker engine: these tests read it. It must agree
+//! with `config/docker.yaml` and with the Dockerfile, and its health checks must work with
+//! what the images have (they are run here against live services). The demo itself runs
+//! under `scripts/compose-test.sh`, which `.ci/run` calls where a Docker engine answers.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -121,6 +121,18 @@ fn compose_agrees_with_the_docker_config() {
             Some("service_healthy")
         );
     }
+
+    // `docker compose stop` waits longer than idemgate drains before it kills it.
+    let grace = idemgate["stop_grace_period"]
+        .as_str()
+        .and_then(|g| g.strip_suffix('s'))
+        .and_then(|g| g.parse::<u64>().ok())
+        .expect("idemgate's stop_grace_period, in seconds");
+    assert!(
+        Duration::from_secs(grace) > config.shutdown_timeout,
+        "stop_grace_period {grace}s does not outlast shutdown_timeout {:?}",
+        config.shutdown_timeout
+    );
 }
 
 #[test]

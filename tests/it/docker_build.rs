@@ -1,4 +1,5 @@
-//! The Docker image, on machines without a Docker engine (issue 15).
+//! The Docker image, checked without a Docker engine (issue 15; `scripts/compose-test.sh`
+//! builds it for real, issue 43).
 //!
 //! The build stage is replayed: exactly the files its `COPY` lines name, filtered by
 //! `.dockerignore`, are laid out in a directory that stands for its `WORKDIR`, and its
