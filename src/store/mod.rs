@@ -23,7 +23,7 @@ pub use clock::{Clock, TokioClock};
 pub use file::{Disk, FileOptions, FileStore, FileWatch};
 pub use memory::{Backing, Durability, Embedded, MemoryShards, MemoryStore, MemoryWatch, Volatile};
 pub use postgres::{PostgresStore, PostgresWatch, SchemaError, create_statements};
-pub use redis::{RedisStore, RedisWatch};
+pub use redis::{RedisStore, RedisWatch, key_slot};
 pub use seal::{Keyring, Opened, Undecryptable};
 pub use timed::{Around, Deadline, Layered, Timed};
 pub use waiters::{KeyWatch, Registry, WaiterMap};

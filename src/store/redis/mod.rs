@@ -39,6 +39,7 @@ use crate::config::StoreConfig;
 use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
 use crate::worker::PerWorker;
 use claim::Found;
+pub use fence::key_slot;
 use version::ClaimMode;
 pub use watch::RedisWatch;
 use watch::Watchers;
@@ -382,14 +383,8 @@ impl RedisStore {
         key: &ScopedKey,
         args: &[&[u8]],
     ) -> Result<Fenced, StoreError> {
-        let done: i64 = eval(conn, script, self.record_key(key).as_bytes(), args)
+        self.fenced_by_script(conn, script, &self.record_key(key), args)
             .await
-            .map_err(unavailable)?;
-        Ok(if done == 1 {
-            Fenced::Done
-        } else {
-            Fenced::LeaseLost
-        })
     }
 }
 
@@ -496,8 +491,14 @@ impl Store for RedisStore {
         let written = self.before_write();
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        let native = match lease.written.marker_bytes() {
-            Some(marker) if self.native_set(fencing, key.as_bytes()) => {
+        // The marker's bytes only where they are sent: encoded again after a renewal.
+        let expected = if self.native_set(fencing, key.as_bytes()) {
+            lease.written.marker_bytes()
+        } else {
+            None
+        };
+        let native = match expected {
+            Some(marker) => {
                 let target = (key.as_str(), fencing.mixed);
                 let expected = (marker, lease.token);
                 self.complete_natively(&mut conn, target, expected, (&encoded, ttl_ms, &channel))
@@ -531,8 +532,14 @@ impl Store for RedisStore {
         let key = self.record_key(&lease.key);
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        let native = match lease.written.marker_bytes() {
-            Some(marker) if self.native_delete(fencing, key.as_bytes()) => {
+        // The marker's bytes only where they are sent: encoded again after a renewal.
+        let expected = if self.native_delete(fencing, key.as_bytes()) {
+            lease.written.marker_bytes()
+        } else {
+            None
+        };
+        let native = match expected {
+            Some(marker) => {
                 let expected = (marker, lease.token);
                 self.release_natively(&mut conn, fencing.delete, &key, expected, &channel)
                     .await?

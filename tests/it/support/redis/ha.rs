@@ -301,23 +301,7 @@ impl Shards {
     }
 }
 
-/// `CLUSTER KEYSLOT`, computed: CRC16 (XMODEM) of the key, or of its `{hash tag}`.
+/// `CLUSTER KEYSLOT`, as idemgate computes it for its fencing.
 pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &bytes[open + 1..open + 1 + close])
-    });
-    let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(bytes) {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
+    idemgate::store::key_slot(key.as_bytes())
 }
