@@ -30,7 +30,12 @@ pub fn run_bounded(mut cmd: Command, timeout: Duration, shown: &str) -> Output {
         .unwrap_or_else(|e| panic!("wait {shown}: {e}"));
     let _ = done.send(());
     let expired = watchdog.join().unwrap_or(false);
-    assert!(!expired, "{shown}: no answer within {timeout:?}, killed");
+    assert!(
+        !expired,
+        "{shown}: no answer within {timeout:?}, killed\nstdout so far: {}\nstderr so far: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
