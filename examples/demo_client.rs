@@ -200,7 +200,7 @@ fn main() -> ExitCode {
                 "/charges?drop=1",
             ),
             (
-                "the backend answers after idemgate's upstream timeout (2s)",
+                "the backend answers after 3s (past config/demo.yaml's upstream timeout of 2s)",
                 "/charges?delay_ms=3000",
             ),
         ];
