@@ -98,17 +98,23 @@ impl Telemetry {
 
     /// The context a request's work runs in: its server span, child of the request's
     /// `traceparent` when it has a valid one, with the request's method and path.
+    ///
+    /// A trace the sampler leaves out still has its span (its context names the trace to
+    /// the upstream), but no attribute is made for it: the sampler (ratio and parent
+    /// based) does not read them.
     pub fn server(&self, method: &Method, path: &str, headers: &HeaderMap) -> Context {
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
-        let span = self
+        let mut span = self
             .tracer
             .span_builder(method.as_str().to_owned())
             .with_kind(SpanKind::Server)
-            .with_attributes([
+            .start_with_context(&self.tracer, &parent);
+        if span.is_recording() {
+            span.set_attributes([
                 KeyValue::new("http.request.method", method.as_str().to_owned()),
                 KeyValue::new("url.path", path.to_owned()),
-            ])
-            .start_with_context(&self.tracer, &parent);
+            ]);
+        }
         parent
             .with_span(span)
             .with_value(Traced(self.tracer.clone()))
@@ -136,6 +142,10 @@ pub struct Answered {
 /// only for a request the guard handled (any outcome but `passthrough`).
 pub fn end_server(cx: &Context, answered: Answered) {
     let span = cx.span();
+    if !span.is_recording() {
+        span.end();
+        return;
+    }
     span.set_attribute(KeyValue::new(
         "http.response.status_code",
         i64::from(answered.status.as_u16()),
@@ -157,17 +167,28 @@ pub fn end_server(cx: &Context, answered: Answered) {
     span.end();
 }
 
-/// A span under the current request's server span, or `None` outside a traced request
-/// (no exporter, a background task, the admin listener): then nothing is made.
+/// A store call's span under the current request's server span, or `None` outside a
+/// traced request (no exporter, a background task, the admin listener) and in a trace
+/// the sampler left out: then nothing is made. Under the parent-based sampler a child
+/// of a span left out is left out too, and a store call's span names nothing to anyone.
+pub fn child(name: &'static str, kind: SpanKind) -> Option<Box<Span>> {
+    span_under_request(name, kind, false)
+}
+
+/// A span under the current request's server span, when there is one; with `always`, in
+/// a trace left out too (not recorded, but its context is sent on).
 ///
 /// Boxed: it is held across the call it times, and inline its few hundred bytes would
 /// be in every store call's and upstream call's future, traced or not.
-pub fn child(name: &'static str, kind: SpanKind) -> Option<Box<Span>> {
+fn span_under_request(name: &'static str, kind: SpanKind, always: bool) -> Option<Box<Span>> {
     if !tracing_anywhere() {
         return None;
     }
     Context::map_current(|cx| {
         let Traced(tracer) = cx.get::<Traced>()?;
+        if !always && !cx.span().is_recording() {
+            return None;
+        }
         Some(Box::new(
             tracer
                 .span_builder(name)
@@ -184,7 +205,7 @@ pub fn event(name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
         return;
     }
     Context::map_current(|cx| {
-        if cx.get::<Traced>().is_some() {
+        if cx.get::<Traced>().is_some() && cx.span().is_recording() {
             cx.span().add_event(name, attributes());
         }
     });
@@ -210,19 +231,23 @@ pub struct ShownPath(pub String);
 /// `tracestate` is not forwarded (docs/behaviour.md §25).
 pub fn upstream<B>(request: &mut Request<B>) -> Option<Box<Span>> {
     drop_empty_tracestate(request.headers_mut());
-    let mut span = child("upstream", SpanKind::Client)?;
-    let path = match request.extensions().get::<ShownPath>() {
-        Some(ShownPath(shown)) => shown.clone(),
-        None => request.uri().path().to_owned(),
-    };
-    span.set_attributes([
-        KeyValue::new("http.request.method", request.method().as_str().to_owned()),
-        KeyValue::new(
-            "server.address",
-            request.uri().host().unwrap_or_default().to_owned(),
-        ),
-        KeyValue::new("url.path", path),
-    ]);
+    // Made in a trace left out too: the upstream is told the trace and that it is not
+    // sampled, under this span's id.
+    let mut span = span_under_request("upstream", SpanKind::Client, true)?;
+    if span.is_recording() {
+        let path = match request.extensions().get::<ShownPath>() {
+            Some(ShownPath(shown)) => shown.clone(),
+            None => request.uri().path().to_owned(),
+        };
+        span.set_attributes([
+            KeyValue::new("http.request.method", request.method().as_str().to_owned()),
+            KeyValue::new(
+                "server.address",
+                request.uri().host().unwrap_or_default().to_owned(),
+            ),
+            KeyValue::new("url.path", path),
+        ]);
+    }
     let headers = request.headers_mut();
     headers.remove(&TRACEPARENT);
     headers.remove(&TRACESTATE);
@@ -262,6 +287,10 @@ fn empty_tracestate(value: &HeaderValue) -> bool {
 
 /// Ends an upstream call's span with its status, or in error with why it failed.
 pub fn upstream_ended(mut span: Box<Span>, answered: Result<StatusCode, String>) {
+    if !span.is_recording() {
+        span.end();
+        return;
+    }
     match answered {
         Ok(status) => {
             span.set_attribute(KeyValue::new(

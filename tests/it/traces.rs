@@ -17,6 +17,8 @@ const JSON: (&str, &str) = ("content-type", "application/json");
 /// The client's trace, and its span that idemgate's server span is a child of.
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+/// A client's trace that it marks not sampled.
+const DECLINED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 
 /// POSTs `{}` to `/charges` with `key`, in the client's trace `parent`.
 async fn charge(client: &TestClient, key: &str, parent: &str) -> Resp {
@@ -451,6 +453,14 @@ async fn sample_ratio_decides_for_new_traces_and_a_sampled_parent_is_kept() {
         .to_owned();
     let (unsampled, _, flags) = fields(&sent);
     assert_eq!(flags, "00");
+    // A client's trace marked not sampled stays so, on a guarded request too (its store
+    // calls make no span): the upstream is told that trace under idemgate's own span,
+    // still not sampled.
+    let declined = format!("00-{DECLINED_TRACE}-{CLIENT_SPAN}-00");
+    assert_eq!(charge(&c, "declined", &declined).await.status, 201);
+    let (trace, span, flags) = fields(up.seen()[1].headers["traceparent"].to_str().expect("ascii"));
+    assert_eq!((trace.as_str(), flags.as_str()), (DECLINED_TRACE, "00"));
+    assert_ne!(span, CLIENT_SPAN, "the upstream call's own span is named");
     // A client's sampled trace is kept whatever the ratio; its spans come after any of
     // the first request's would have.
     let parent = traceparent(TRACE, CLIENT_SPAN);
@@ -460,11 +470,14 @@ async fn sample_ratio_decides_for_new_traces_and_a_sampled_parent_is_kept() {
     let server = collector.span(TRACE, "GET").await;
     assert_eq!(str_attr(&server, "url.path"), "/sampled");
     assert!(
-        collector.spans().iter().all(|s| s.trace_id != unsampled),
-        "nothing of the unsampled trace is exported"
+        collector
+            .spans()
+            .iter()
+            .all(|s| s.trace_id != unsampled && s.trace_id != DECLINED_TRACE),
+        "nothing of the unsampled traces is exported"
     );
     assert_eq!(
-        fields(up.seen()[1].headers["traceparent"].to_str().expect("ascii")).2,
+        fields(up.seen()[2].headers["traceparent"].to_str().expect("ascii")).2,
         "01"
     );
     proxy.stop().await;
