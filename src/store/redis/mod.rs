@@ -36,7 +36,7 @@ use super::api::{
     Store, StoreError,
 };
 use crate::config::StoreConfig;
-use crate::idempotency::{Completed, InFlight, Record, ScopedKey};
+use crate::idempotency::{Completed, InFlight, OwnerToken, Record, ScopedKey};
 use crate::worker::PerWorker;
 use claim::Found;
 pub use fence::key_slot;
@@ -215,6 +215,14 @@ fn unavailable(err: redis::RedisError) -> StoreError {
 /// `lease / 3` is harmless.
 fn now_ms() -> u64 {
     super::api::wall_clock_ms()
+}
+
+/// What a native complete or release compares the key with, and whose it is, when the
+/// command is `native`: the marker's bytes are taken only then (encoded again after a
+/// renewal).
+fn expected_marker(lease: &Lease, native: bool) -> Option<(Bytes, OwnerToken)> {
+    let bytes = native.then(|| lease.written.marker_bytes()).flatten()?;
+    Some((bytes, lease.token))
 }
 
 /// Milliseconds for `PX` and the scripts: at least 1, as Redis refuses an expiry of 0.
@@ -491,20 +499,13 @@ impl Store for RedisStore {
         let written = self.before_write();
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        // The marker's bytes only where they are sent: encoded again after a renewal.
-        let expected = if self.native_set(fencing, key.as_bytes()) {
-            lease.written.marker_bytes()
-        } else {
-            None
-        };
-        let native = match expected {
-            Some(marker) => {
+        let native = match expected_marker(lease, self.native_set(fencing, key.as_bytes())) {
+            Some(expected) => {
                 let target = (key.as_str(), fencing.mixed);
-                let expected = (marker, lease.token);
                 self.complete_natively(&mut conn, target, expected, (&encoded, ttl_ms, &channel))
                     .await?
             }
-            _ => fence::Native::Refused,
+            None => fence::Native::Refused,
         };
         let done = match native {
             fence::Native::Done(done) => done,
@@ -532,19 +533,12 @@ impl Store for RedisStore {
         let key = self.record_key(&lease.key);
         let mut conn = self.conn().await?;
         let fencing = self.mode(&mut conn).await?.fencing;
-        // The marker's bytes only where they are sent: encoded again after a renewal.
-        let expected = if self.native_delete(fencing, key.as_bytes()) {
-            lease.written.marker_bytes()
-        } else {
-            None
-        };
-        let native = match expected {
-            Some(marker) => {
-                let expected = (marker, lease.token);
+        let native = match expected_marker(lease, self.native_delete(fencing, key.as_bytes())) {
+            Some(expected) => {
                 self.release_natively(&mut conn, fencing.delete, &key, expected, &channel)
                     .await?
             }
-            _ => fence::Native::Refused,
+            None => fence::Native::Refused,
         };
         match native {
             fence::Native::Done(done) => Ok(done),
